@@ -1,0 +1,1 @@
+cargo clippy --workspace --all-targets -- -D warnings

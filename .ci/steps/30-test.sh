@@ -1,0 +1,2 @@
+# The README's test command, verbatim.
+cargo test --workspace

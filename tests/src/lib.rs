@@ -1,0 +1,1 @@
+//! Shared harness code for the cross-crate integration and fault tests.

@@ -1,0 +1,2 @@
+//! Tools around the initiator: the benchmark, software targets, the INF and
+//! attachment tool, and the Linux target VM harness.
