@@ -17,3 +17,5 @@
 )]
 
 extern crate alloc;
+
+pub mod wire;
