@@ -25,6 +25,9 @@ use storport_srp::nt::ffi::{
     STOR_ADDRESS_TYPE_BTL8, STORAGE_REQUEST_BLOCK_VERSION_1, SrbExDataTypeScsiCdb16, ULONG,
 };
 
+#[global_allocator]
+static ALLOCATOR: storport_srp::nt::alloc::PoolAllocator = storport_srp::nt::alloc::PoolAllocator;
+
 #[panic_handler]
 fn panic(_: &core::panic::PanicInfo<'_>) -> ! {
     loop {}
@@ -114,7 +117,7 @@ fn note(key: &str, args: core::fmt::Arguments<'_>) {
 /// the first four arguments of a variadic call in the same registers as a
 /// fixed one, and no notification used here has more.
 #[unsafe(no_mangle)]
-pub unsafe extern "system" fn StorPortNotification(kind: i32, _ext: PVOID, a: usize, b: usize) {
+pub unsafe extern "system" fn StorPortNotification(kind: u32, _ext: PVOID, a: usize, b: usize) {
     if kind == _SCSI_NOTIFICATION_TYPE::RequestComplete {
         // SAFETY: single-threaded (see `Shared`).
         unsafe { *COMPLETED.0.get() = ((*COMPLETED.0.get()).0 + 1, a) };
