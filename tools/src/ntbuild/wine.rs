@@ -12,6 +12,9 @@ use std::process::Command;
 /// The service key, as `reg` spells it.
 pub const SERVICE_KEY: &str = r"HKLM\System\CurrentControlSet\Services\kvsrp";
 
+/// A parsed `reg query /s`: key -> (value -> (type, data)).
+pub type RegTree = BTreeMap<String, BTreeMap<String, (String, String)>>;
+
 /// A Wine prefix of our own under `target/nt/wineprefix`.
 #[derive(Debug)]
 pub struct Wine {
@@ -73,10 +76,7 @@ impl Wine {
     ///
     /// # Errors
     /// The key does not exist.
-    pub fn reg_query(
-        &self,
-        key: &str,
-    ) -> Result<BTreeMap<String, BTreeMap<String, (String, String)>>> {
+    pub fn reg_query(&self, key: &str) -> Result<RegTree> {
         let text = self.cmd(&["reg", "query", key, "/s"])?;
         Ok(parse_reg_query(&text))
     }
@@ -92,8 +92,8 @@ impl Wine {
 
 /// Parses `reg query /s` output.
 #[must_use]
-pub fn parse_reg_query(text: &str) -> BTreeMap<String, BTreeMap<String, (String, String)>> {
-    let mut out: BTreeMap<String, BTreeMap<String, (String, String)>> = BTreeMap::new();
+pub fn parse_reg_query(text: &str) -> RegTree {
+    let mut out: RegTree = BTreeMap::new();
     let mut key = String::new();
     for line in text.lines() {
         let line = line.trim_end_matches('\r');
@@ -114,11 +114,7 @@ pub fn parse_reg_query(text: &str) -> BTreeMap<String, BTreeMap<String, (String,
 }
 
 /// Looks a value up in a parsed `reg query` result by key suffix.
-fn value<'a>(
-    reg: &'a BTreeMap<String, BTreeMap<String, (String, String)>>,
-    key_suffix: &str,
-    name: &str,
-) -> Option<&'a (String, String)> {
+fn value<'a>(reg: &'a RegTree, key_suffix: &str, name: &str) -> Option<&'a (String, String)> {
     reg.iter()
         .find(|(k, _)| {
             k.to_ascii_lowercase()
