@@ -18,4 +18,6 @@
 
 extern crate alloc;
 
+#[cfg(feature = "nt")]
+pub mod nt;
 pub mod wire;
