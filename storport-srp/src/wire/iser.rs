@@ -292,6 +292,29 @@ impl<'a> IserMessage<'a> {
     }
 }
 
+/// Writes the iSER header and the iSCSI BHS of a control PDU whose data
+/// segment (`data_len` bytes) the caller sends from its own buffer as a
+/// second scatter/gather element: the I/O fast path of an iSER initiator
+/// (SCSI Command with immediate data, unsolicited Data-Out). Returns
+/// [`HEADERS_LEN`].
+///
+/// # Errors
+///
+/// [`Error::BufferTooSmall`], [`Error::DataSegmentTooLong`].
+pub fn emit_headers(
+    buf: &mut [u8],
+    header: &IserCtrlRepr,
+    bhs: &iscsi::BhsRepr,
+    data_len: u32,
+) -> Result<usize> {
+    let out = buf.get_mut(..HEADERS_LEN).ok_or(Error::BufferTooSmall)?;
+    let (iser, rest) = out.split_at_mut(HEADER_LEN);
+    header.emit(&mut IserHeader::new_unchecked(iser))?;
+    bhs.emit(rest)?;
+    iscsi::set_data_segment_len(rest, data_len)?;
+    Ok(HEADERS_LEN)
+}
+
 bitflags! {
     /// Flags of the iSER header in RDMA/CM private data (RFC 7145 annex A):
     /// what the sender does *not* support.
@@ -421,6 +444,58 @@ mod tests {
         assert_eq!(msg.emit(&mut buf), Ok(76));
         assert_eq!(buf, expected);
         assert_eq!(IserMessage::parse(&buf), Ok(msg));
+    }
+
+    /// The fast path writes the same bytes as the whole-message emitter,
+    /// minus the data segment.
+    #[test]
+    fn headers_for_external_data() {
+        let cmd = ScsiCommandRepr {
+            immediate: false,
+            is_final: true,
+            read: false,
+            write: true,
+            attr: TaskAttr::Simple,
+            lun: Lun::default(),
+            itt: 7,
+            expected_data_len: 8192,
+            cmd_sn: SerialNumber(3),
+            exp_stat_sn: SerialNumber(4),
+            cdb: [0x2a, 0, 0, 0, 0, 0, 0, 0, 16, 0, 0, 0, 0, 0, 0, 0],
+        };
+        let header = IserCtrlRepr {
+            write: Some(RdmaBuf {
+                stag: 0x99,
+                va: 0x1000 + 512,
+            }),
+            read: None,
+        };
+        let data = [0x5Au8; 512];
+        let whole = IserMessage::Control {
+            header,
+            pdu: IscsiPdu {
+                header: BhsRepr::ScsiCommand(cmd),
+                ahs: &[],
+                data: &data,
+            },
+        };
+        let mut expected = [0u8; 76 + 512];
+        whole.emit(&mut expected).unwrap();
+        let mut buf = [0xEEu8; 80];
+        assert_eq!(
+            emit_headers(&mut buf, &header, &BhsRepr::ScsiCommand(cmd), 512),
+            Ok(76)
+        );
+        assert_eq!(buf[..76], expected[..76]);
+        assert_eq!(buf[76..], [0xEE; 4]);
+        assert_eq!(
+            emit_headers(&mut buf[..75], &header, &BhsRepr::ScsiCommand(cmd), 0),
+            Err(Error::BufferTooSmall)
+        );
+        assert_eq!(
+            emit_headers(&mut buf, &header, &BhsRepr::ScsiCommand(cmd), 1 << 24),
+            Err(Error::DataSegmentTooLong)
+        );
     }
 
     #[test]

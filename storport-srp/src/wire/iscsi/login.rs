@@ -97,7 +97,10 @@ fn decode_flags(flags: u8) -> Result<(LoginStage, Option<LoginStage>, bool)> {
     Ok((current, next, more))
 }
 
-fn encode_flags(current: LoginStage, next: Option<LoginStage>, more: bool) -> u8 {
+fn encode_flags(current: LoginStage, next: Option<LoginStage>, more: bool) -> Result<u8> {
+    if next.is_some() && more {
+        return Err(Error::TransitAndContinue);
+    }
     let mut flags = (current as u8) << flag::CSG_SHIFT;
     if let Some(next) = next {
         flags |= flag::TRANSIT | next as u8;
@@ -105,7 +108,7 @@ fn encode_flags(current: LoginStage, next: Option<LoginStage>, more: bool) -> u8
     if more {
         flags |= flag::CONTINUE;
     }
-    flags
+    Ok(flags)
 }
 
 /// The value of a Login Request BHS.
@@ -165,14 +168,12 @@ impl LoginRequestRepr {
     ///
     /// # Errors
     ///
+    /// [`Error::TransitAndContinue`] (a next stage with `continues`),
     /// [`Error::BufferTooSmall`].
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, pdu: &mut LoginRequest<T>) -> Result<()> {
+        let flags = encode_flags(self.current_stage, self.next_stage, self.continues)?;
         start_emit(pdu.as_bytes_mut(), Opcode::LoginRequest, true)?;
-        pdu.set_flags(encode_flags(
-            self.current_stage,
-            self.next_stage,
-            self.continues,
-        ));
+        pdu.set_flags(flags);
         pdu.set_version_max(self.version_max);
         pdu.set_version_min(self.version_min);
         pdu.set_isid(self.isid);
@@ -274,14 +275,12 @@ impl LoginResponseRepr {
     ///
     /// # Errors
     ///
+    /// [`Error::TransitAndContinue`] (a next stage with `continues`),
     /// [`Error::BufferTooSmall`].
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, pdu: &mut LoginResponse<T>) -> Result<()> {
+        let flags = encode_flags(self.current_stage, self.next_stage, self.continues)?;
         start_emit(pdu.as_bytes_mut(), Opcode::LoginResponse, false)?;
-        pdu.set_flags(encode_flags(
-            self.current_stage,
-            self.next_stage,
-            self.continues,
-        ));
+        pdu.set_flags(flags);
         pdu.set_version_max(self.version_max);
         pdu.set_version_active(self.version_active);
         pdu.set_isid(self.isid);
@@ -348,7 +347,15 @@ mod tests {
                 Some(LoginStage::FullFeature),
                 false
             ),
-            0x87
+            Ok(0x87)
+        );
+        assert_eq!(
+            encode_flags(
+                LoginStage::SecurityNegotiation,
+                Some(LoginStage::FullFeature),
+                true
+            ),
+            Err(Error::TransitAndContinue)
         );
         assert_eq!(
             decode_flags(0x87),

@@ -34,8 +34,11 @@ fn decode_flags(flags: u8) -> Result<(bool, bool)> {
     Ok((is_final, continues))
 }
 
-fn encode_flags(is_final: bool, continues: bool) -> u8 {
-    (if is_final { FINAL } else { 0 }) | if continues { CONTINUE } else { 0 }
+fn encode_flags(is_final: bool, continues: bool) -> Result<u8> {
+    if is_final && continues {
+        return Err(Error::FinalAndContinue);
+    }
+    Ok((if is_final { FINAL } else { 0 }) | if continues { CONTINUE } else { 0 })
 }
 
 /// The value of a Text Request BHS.
@@ -86,10 +89,11 @@ impl TextRequestRepr {
     ///
     /// # Errors
     ///
-    /// [`Error::BufferTooSmall`].
+    /// [`Error::FinalAndContinue`], [`Error::BufferTooSmall`].
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, pdu: &mut TextRequest<T>) -> Result<()> {
+        let flags = encode_flags(self.is_final, self.continues)?;
         start_emit(pdu.as_bytes_mut(), Opcode::TextRequest, self.immediate)?;
-        pdu.set_flags(encode_flags(self.is_final, self.continues));
+        pdu.set_flags(flags);
         pdu.set_lun(self.lun);
         pdu.set_itt(self.itt);
         pdu.set_ttt(self.ttt);
@@ -162,10 +166,11 @@ impl TextResponseRepr {
     ///
     /// # Errors
     ///
-    /// [`Error::BufferTooSmall`].
+    /// [`Error::FinalAndContinue`], [`Error::BufferTooSmall`].
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, pdu: &mut TextResponse<T>) -> Result<()> {
+        let flags = encode_flags(self.is_final, self.continues)?;
         start_emit(pdu.as_bytes_mut(), Opcode::TextResponse, false)?;
-        pdu.set_flags(encode_flags(self.is_final, self.continues));
+        pdu.set_flags(flags);
         pdu.set_lun(self.lun);
         pdu.set_itt(self.itt);
         pdu.set_ttt(self.ttt);
@@ -217,6 +222,14 @@ mod tests {
         assert_eq!(
             TextRequestRepr::parse(&TextRequest::new_unchecked(&buf[..])),
             Err(Error::WrongOpcode(0x24))
+        );
+        let both = TextResponseRepr {
+            is_final: true,
+            ..repr
+        };
+        assert_eq!(
+            both.emit(&mut TextResponse::new_unchecked(&mut buf[..])),
+            Err(Error::FinalAndContinue)
         );
     }
 }
