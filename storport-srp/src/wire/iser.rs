@@ -11,7 +11,7 @@
 //! adding the length of data already sent as immediate or unsolicited data,
 //! so the write VA must point past it.
 //!
-//! Errors are [`iscsi::Error`](super::iscsi::Error): an iSER message is
+//! Errors are [`iscsi::Error`]: an iSER message is
 //! parsed together with the iSCSI PDU it carries.
 
 use bitflags::bitflags;

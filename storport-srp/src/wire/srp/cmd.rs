@@ -10,6 +10,15 @@
 //! descriptors inline. With the SRP-2 immediate format, the DATA-OUT
 //! descriptor is a 4-byte length and the data itself starts at the
 //! immediate-data offset negotiated at login.
+//!
+//! An indirect descriptor's table (`table_desc.len / 16` descriptors) must
+//! be exactly its direction's inline list. Linux `ib_srpt` requires the
+//! table to fit within `data_out_desc_cnt + data_in_desc_cnt` and then
+//! reads only the inline list; this is the same rule stated per direction,
+//! so a table that would have to be fetched from initiator memory is
+//! [`Error::ExternalIndirectTable`] and an inline list longer than its table
+//! is [`Error::IndirectCountMismatch`]. A direct descriptor's count field is
+//! not used (Linux `ib_srp` leaves it 0, and so does [`CmdRepr::emit`]).
 
 use static_assertions::const_assert_eq;
 
@@ -449,48 +458,49 @@ impl<'a, T: AsRef<[u8]> + ?Sized> Cmd<&'a T> {
         let out_format = self.data_out_format()?;
         let in_format = self.data_in_format()?;
         let buf: &'a [u8] = self.buffer.as_ref();
-        let mut at = self.desc_offset();
+        let out_at = self.desc_offset();
 
-        let mut imm_len = None;
-        let data_out = match out_format {
-            DescFormat::None => DataOut::None,
-            DescFormat::Direct => DataOut::Direct(direct_at(buf, at)?),
+        // The DATA-OUT descriptor; immediate data is resolved once the end
+        // of all descriptors is known.
+        let (data_out, imm_len, out_len) = match out_format {
+            DescFormat::None => (DataOut::None, None, 0),
+            DescFormat::Direct => (
+                DataOut::Direct(direct_at(buf, out_at)?),
+                None,
+                desc::DIRECT_LEN,
+            ),
             DescFormat::Indirect => {
-                DataOut::Indirect(indirect_at(buf, at, self.data_out_desc_cnt())?)
+                let ind = indirect_at(buf, out_at, self.data_out_desc_cnt())?;
+                (DataOut::Indirect(ind), None, ind.buffer_len())
             }
             DescFormat::Immediate => {
-                let raw = bytes::sub(buf, at, desc::IMM_LEN).ok_or(Error::DescriptorOutOfBounds)?;
-                imm_len = Some(ImmBuf::new_unchecked(raw).length());
-                // Filled in below, once the end of the descriptors is known.
-                DataOut::None
+                let raw =
+                    bytes::sub(buf, out_at, desc::IMM_LEN).ok_or(Error::DescriptorOutOfBounds)?;
+                (
+                    DataOut::None,
+                    Some(ImmBuf::new_unchecked(raw).length()),
+                    desc::IMM_LEN,
+                )
             }
         };
-        at += match data_out {
-            DataOut::Direct(_) => desc::DIRECT_LEN,
-            DataOut::Indirect(ind) => ind.buffer_len(),
-            _ if imm_len.is_some() => desc::IMM_LEN,
-            _ => 0,
-        };
 
-        let data_in = match in_format {
-            DescFormat::None => DataIn::None,
-            DescFormat::Direct => DataIn::Direct(direct_at(buf, at)?),
+        let in_at = out_at + out_len;
+        let (data_in, in_len) = match in_format {
+            DescFormat::None => (DataIn::None, 0),
+            DescFormat::Direct => (DataIn::Direct(direct_at(buf, in_at)?), desc::DIRECT_LEN),
             DescFormat::Indirect => {
-                DataIn::Indirect(indirect_at(buf, at, self.data_in_desc_cnt())?)
+                let ind = indirect_at(buf, in_at, self.data_in_desc_cnt())?;
+                (DataIn::Indirect(ind), ind.buffer_len())
             }
             DescFormat::Immediate => return Err(Error::ImmediateDataIn),
         };
-        at += match data_in {
-            DataIn::None => 0,
-            DataIn::Direct(_) => desc::DIRECT_LEN,
-            DataIn::Indirect(ind) => ind.buffer_len(),
-        };
+        let desc_end = in_at + in_len;
 
         let data_out = match imm_len {
             None => data_out,
             Some(len) => {
                 let offset = imm_data_offset.ok_or(Error::ImmediateNotNegotiated)?;
-                if usize::from(offset) < at {
+                if usize::from(offset) < desc_end {
                     return Err(Error::ImmediateOffsetOverlap);
                 }
                 let len = usize::try_from(len).map_err(|_| Error::ImmediateDataOutOfBounds)?;
