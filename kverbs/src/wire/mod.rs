@@ -17,6 +17,12 @@
 //!
 //! Every byte here arrives from the network: parsers are total, never
 //! allocate, and map each malformed input to one specific [`Error`].
+//!
+//! # IRQL
+//!
+//! Everything here is pure computation over caller-provided buffers: no
+//! allocation, no locks, no blocking, bounded time. Every function may be
+//! called at any IRQL, DISPATCH_LEVEL included.
 
 #![forbid(unsafe_code)]
 
