@@ -42,3 +42,19 @@ pub fn mutation() -> impl Strategy<Value = Mutation> {
     )
         .prop_map(|(flips, cut, append)| Mutation { flips, cut, append })
 }
+
+/// The committed seed inputs of a fuzz target (`fuzz/corpus/<target>`),
+/// built by `fuzz/make_seeds.py` independently of the Rust emitters.
+pub fn fuzz_seeds(target: &str) -> Vec<(String, Vec<u8>)> {
+    let dir = format!("{}/../fuzz/corpus/{target}", env!("CARGO_MANIFEST_DIR"));
+    let mut seeds: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{dir}: {e}"))
+        .map(|entry| {
+            let path = entry.unwrap().path();
+            (path.display().to_string(), std::fs::read(&path).unwrap())
+        })
+        .collect();
+    seeds.sort();
+    assert!(!seeds.is_empty(), "no seeds in {dir}");
+    seeds
+}

@@ -9,7 +9,7 @@ use super::*;
 use crate::wire::iser::{
     HelloReplyRepr, HelloRepr, IserCtrlRepr, IserHeader, IserMessage, RdmaBuf,
 };
-use crate::wire::test_util::{Mutation, mutation};
+use crate::wire::test_util::{Mutation, fuzz_seeds, mutation};
 use crate::wire::{Lun, Residual};
 
 fn sn() -> impl Strategy<Value = SerialNumber> {
@@ -797,4 +797,12 @@ fn every_error_variant_is_reachable() {
         assert!(!format!("{e}").is_empty());
     }
     assert!(seen.iter().all(|&s| s));
+}
+
+/// Every committed `iscsi_pdu` seed is a valid iSER message.
+#[test]
+fn fuzz_seeds_are_valid_messages() {
+    for (name, input) in fuzz_seeds("iscsi_pdu") {
+        iser_parse_is_stable(&input).unwrap_or_else(|e| panic!("{name}: {e}"));
+    }
 }

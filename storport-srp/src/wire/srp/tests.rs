@@ -5,7 +5,7 @@ use proptest::prelude::*;
 
 use super::*;
 use crate::wire::Lun;
-use crate::wire::test_util::{Mutation, mutation};
+use crate::wire::test_util::{Mutation, fuzz_seeds, mutation};
 
 /// An IU with owned variable parts, so that proptest can generate it; the
 /// repr borrows from it.
@@ -568,4 +568,23 @@ fn every_error_variant_is_reachable() {
         assert!(!format!("{e}").is_empty());
     }
     assert!(seen.iter().all(|&s| s));
+}
+
+/// Every committed `srp_iu` seed is a valid IU (the fuzzer starts deep in
+/// the parser, and the Python-built bytes agree with the Rust parser).
+#[test]
+fn fuzz_seeds_are_valid_ius() {
+    for (name, input) in fuzz_seeds("srp_iu") {
+        let (imm, iu) = match input.split_first() {
+            Some((0, rest)) => (None, rest),
+            Some((_, rest)) => (Some(u16::from_be_bytes([rest[0], rest[1]])), &rest[2..]),
+            None => panic!("{name}: empty"),
+        };
+        if name.contains("login_req_rdma") {
+            LoginReqRepr::parse_rdma(&LoginReqRdma::new_checked(iu).unwrap())
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
+        } else {
+            parse_is_stable(iu, imm).unwrap_or_else(|e| panic!("{name}: {e}"));
+        }
+    }
 }

@@ -4,6 +4,7 @@
 use proptest::prelude::*;
 
 use super::*;
+use crate::wire::test_util::fuzz_seeds;
 
 /// The operational-stage keys an iSER initiator offers LIO, and what LIO
 /// answers (values as Linux `isert` + LIO negotiate them), byte for byte.
@@ -525,5 +526,23 @@ fn known_key_names_round_trip() {
     assert_eq!(KnownKey::from_name("rdmaextensions"), None);
     for s in [Special::NotUnderstood, Special::Irrelevant, Special::Reject] {
         assert_eq!(Special::from_value(s.as_str()), Some(s));
+    }
+}
+
+/// Every committed `iscsi_text` seed is a valid segment under the limits
+/// its first byte selects, and each pair has a meaning.
+#[test]
+fn fuzz_seeds_are_valid_text() {
+    for (name, input) in fuzz_seeds("iscsi_text") {
+        let (&mode, data) = input.split_first().unwrap();
+        let limits = if mode & 1 == 0 {
+            Limits::NEGOTIATION
+        } else {
+            Limits::SEND_TARGETS
+        };
+        let text = TextData::parse(data, &limits).unwrap_or_else(|e| panic!("{name}: {e}"));
+        for entry in text.entries() {
+            entry.unwrap_or_else(|e| panic!("{name}: {e}"));
+        }
     }
 }
