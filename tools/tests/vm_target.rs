@@ -6,6 +6,7 @@
 //! Skips only when the host packages cannot be installed (not root, no apt),
 //! with a loud message, and never under CI (`CI` set), where it must run.
 
+use std::io::Write as _;
 use std::net::Ipv4Addr;
 use std::path::Path;
 use std::sync::Mutex;
@@ -28,7 +29,10 @@ fn prepared_or_skip(test: &str) -> Option<Prepared> {
     match prepare(&WorkDir::default(), &options) {
         Ok(prepared) => Some(prepared),
         Err(e @ VmError::PackagesMissing { .. }) if std::env::var_os("CI").is_none() => {
-            eprintln!(
+            // Straight to fd 2: the test harness would swallow eprintln! of a
+            // passing test, and this skip must not be silent.
+            let _ = writeln!(
+                std::io::stderr(),
                 "\n################################################################\n\
                  ## SKIPPING {test}: the Linux target VM cannot be prepared here.\n\
                  ## {e}\n\
