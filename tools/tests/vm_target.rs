@@ -138,6 +138,7 @@ fn vm_serves_srpt_and_iser_over_rxe_and_answers_arp() {
     let srpt = info.srpt.as_ref().unwrap();
     assert_eq!(srpt.wwn, "5054:00ff:fe12:3456");
     assert_eq!(srpt.service_id, 0x0106_0000 | 5556);
+    assert_eq!(srpt.srp_max_req_size, 4200);
     assert_eq!(info.iser.as_ref().unwrap().service_id, 0x0106_0000 | 3261);
 
     // Soft-RoCE is up on eth0, and the IPv4 GID sits where the guest said.

@@ -73,6 +73,9 @@ pub struct TargetInfo {
 pub struct SrptInfo {
     /// Configfs name of the target port (`/sys/kernel/config/target/srpt/<wwn>`).
     pub wwn: String,
+    /// Largest SRP request IU the target accepts (`srp_max_req_size`); a
+    /// login asking for a larger `req_it_iu_len` is rejected.
+    pub srp_max_req_size: u32,
     /// RDMA/CM port.
     pub rdma_cm_port: u16,
     /// CM service id: `0x0106_0000 | rdma_cm_port` (RDMA_PS_TCP).
@@ -150,6 +153,7 @@ impl TargetInfo {
             ipv4_gid_index: facts.ipv4_gid_index,
             srpt: config.srpt.enabled.then(|| SrptInfo {
                 wwn: facts.srpt_wwn.clone(),
+                srp_max_req_size: facts.srp_max_req_size,
                 rdma_cm_port: config.srpt.rdma_cm_port,
                 service_id: RDMA_PS_TCP_SERVICE_BASE | u64::from(config.srpt.rdma_cm_port),
                 target_port_id: format!("0x{guid_hex}{guid_hex}"),
@@ -223,8 +227,9 @@ impl TargetInfo {
             line(
                 "",
                 format!(
-                    "target_port_id {}, ACLs {}",
+                    "target_port_id {}, srp_max_req_size {}, ACLs {}",
                     t.target_port_id,
+                    t.srp_max_req_size,
                     t.acls.join(" ")
                 ),
             );
@@ -278,6 +283,7 @@ struct GuestFacts {
     gid0: String,
     ipv4_gid_index: u32,
     srpt_wwn: String,
+    srp_max_req_size: u32,
 }
 
 /// What the console log says so far.
@@ -333,6 +339,11 @@ fn scan_console(text: &str) -> Result<ConsoleState, VmError> {
                     })?
                 }
                 "srpt_wwn" => facts.srpt_wwn = value,
+                "srp_max_req_size" => {
+                    facts.srp_max_req_size = value.parse().map_err(|_| {
+                        VmError::Control(format!("guest reported srp_max_req_size {value:?}"))
+                    })?
+                }
                 _ => {}
             }
         }
@@ -1007,7 +1018,8 @@ mod tests {
     fn console_scan_finds_ready_and_facts() {
         let log = "SeaBIOS\r\nkvvm: init started\r\nKVVM-INFO kernel=6.1.0-56-amd64\r\n\
 KVVM-INFO node_guid=5054:00ff:fe12:3456\r\nKVVM-INFO gid0=fe80:0000:0000:0000:5054:00ff:fe12:3456\r\n\
-KVVM-INFO ipv4_gid_index=1\r\nKVVM-INFO srpt_wwn=5054:00ff:fe12:3456\r\nKVVM-READY uptime=9.1\r\n";
+KVVM-INFO ipv4_gid_index=1\r\nKVVM-INFO srpt_wwn=5054:00ff:fe12:3456\r\n\
+KVVM-INFO srp_max_req_size=8276\r\nKVVM-READY uptime=9.1\r\n";
         let facts = match scan_console(log).unwrap() {
             ConsoleState::Ready(f) => f,
             other => panic!("{other:?}"),
@@ -1015,6 +1027,7 @@ KVVM-INFO ipv4_gid_index=1\r\nKVVM-INFO srpt_wwn=5054:00ff:fe12:3456\r\nKVVM-REA
         assert_eq!(facts.kernel_release, "6.1.0-56-amd64");
         assert_eq!(facts.ipv4_gid_index, 1);
         assert_eq!(facts.srpt_wwn, "5054:00ff:fe12:3456");
+        assert_eq!(facts.srp_max_req_size, 8276);
         assert_eq!(
             scan_console("SeaBIOS\nkvvm: init\n").unwrap(),
             ConsoleState::Booting
@@ -1108,6 +1121,7 @@ KVVM-INFO ipv4_gid_index=1\r\nKVVM-INFO srpt_wwn=5054:00ff:fe12:3456\r\nKVVM-REA
             gid0: "fe80:0000:0000:0000:5054:00ff:fe12:3456".into(),
             ipv4_gid_index: 1,
             srpt_wwn: "5054:00ff:fe12:3456".into(),
+            srp_max_req_size: 8276,
         };
         let info = TargetInfo::new(&config, &prepared, &facts, 12.0).unwrap();
         let srpt = info.srpt.as_ref().unwrap();

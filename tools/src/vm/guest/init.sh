@@ -235,6 +235,7 @@ echo "KVVM-INFO node_guid=$NODE_GUID"
 echo "KVVM-INFO gid0=$GID0"
 echo "KVVM-INFO ipv4_gid_index=$GID_INDEX"
 echo "KVVM-INFO srpt_wwn=$SRPT_WWN"
+echo "KVVM-INFO srp_max_req_size=$(cat /sys/module/ib_srpt/parameters/srp_max_req_size)"
 echo "KVVM-READY uptime=$(cut -d' ' -f1 /proc/uptime)"
 dmesg -n "$KV_LOGLEVEL"
 
