@@ -126,7 +126,7 @@ struct Overrides {
     /// Give the guest a permanent neighbour entry for the host (no ARP needed).
     #[arg(long)]
     static_host_neighbor: bool,
-    /// A LUN as KIND:SIZE[:BLOCK] (rd_mcp|fileio, size like 64M or 1G); repeat
+    /// A LUN as `KIND:SIZE[:BLOCK]` (rd_mcp|fileio, size like 64M or 1G); repeat
     /// for more; replaces the configured list.
     #[arg(long = "lun", value_parser = parse_lun)]
     luns: Vec<LunConfig>,

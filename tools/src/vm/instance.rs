@@ -271,6 +271,10 @@ impl TargetInfo {
             ),
         );
         line("control", paths.control_sock.display().to_string());
+        line(
+            "state",
+            format!("{} (TOML, for programs)", paths.state.display()),
+        );
         s
     }
 }
@@ -1068,7 +1072,6 @@ KVVM-INFO srp_max_req_size=8276\r\nKVVM-READY uptime=9.1\r\n";
             base_initramfs: root.join("base.cpio"),
             modules: vec![],
             qemu: PathBuf::from("/usr/bin/qemu-system-x86_64"),
-            cpio: PathBuf::from("/usr/bin/cpio"),
         }
     }
 

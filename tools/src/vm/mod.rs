@@ -17,8 +17,11 @@
 //! 3. [`Vm::exec`] runs shell commands in the guest over a second serial port
 //!    (the control channel for reconfiguring targets and reading configfs).
 //! 4. Dropping the [`Vm`] kills qemu; so does the exit of the process that
-//!    booted it. The `kv-vm` CLI instead leaves the VM running
-//!    ([`Vm::detach`]) and finds it again with [`Instance::open`].
+//!    booted it (`PR_SET_PDEATHSIG`, set from a spawner thread that lives as
+//!    long as the process), so tests that share one VM can keep it in a
+//!    `static OnceLock<Vm>`. The `kv-vm` CLI instead boots with
+//!    [`Vm::boot_detached`], leaving the VM running, and finds it again with
+//!    [`Instance::open`].
 //!
 //! The only network is the unix datagram socket pair: no tap device, no
 //! address outside the guest.
@@ -37,7 +40,7 @@ pub use config::{
     SrptWwnForm, VmConfig,
 };
 pub use control::ExecOutput;
-pub use instance::{Instance, LunInfo, TargetInfo, Vm};
+pub use instance::{DEFAULT_EXEC_TIMEOUT, Instance, IserInfo, LunInfo, SrptInfo, TargetInfo, Vm};
 pub use prepare::{HOST_PACKAGES, PrepareOptions, Prepared, prepare};
 
 /// Everything that can go wrong, each with what the user needs to act on it.

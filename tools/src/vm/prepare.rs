@@ -102,8 +102,6 @@ pub struct Prepared {
     pub modules: Vec<String>,
     /// qemu.
     pub qemu: PathBuf,
-    /// cpio (the per-boot configuration archive is built with it).
-    pub cpio: PathBuf,
 }
 
 /// Makes sure everything is in place, doing only the missing parts.
@@ -138,7 +136,6 @@ pub fn prepare(workdir: &WorkDir, options: &PrepareOptions) -> Result<Prepared, 
         modules: modules.iter().map(|m| m.name.clone()).collect(),
         qemu: find_program("qemu-system-x86_64")
             .ok_or_else(|| missing("qemu-system-x86", "qemu-system-x86_64"))?,
-        cpio: find_program("cpio").ok_or_else(|| missing("cpio", "cpio"))?,
     })
 }
 
