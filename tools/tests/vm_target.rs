@@ -376,3 +376,39 @@ fn vm_boot_timeout_kills_qemu_and_quotes_the_log() {
         "qemu survived a boot timeout"
     );
 }
+
+#[test]
+fn prepare_reuses_its_cache() {
+    let Some(first) = prepared_or_skip("prepare_reuses_its_cache") else {
+        return;
+    };
+    let mtime = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).unwrap();
+    let (kernel_before, initramfs_before) = (mtime(&first.vmlinuz), mtime(&first.base_initramfs));
+    let options = PrepareOptions {
+        install: false,
+        ..PrepareOptions::default()
+    };
+    let second = prepare(&first.workdir, &options).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(second, first);
+    assert_eq!(
+        mtime(&second.vmlinuz),
+        kernel_before,
+        "kernel unpacked again"
+    );
+    assert_eq!(
+        mtime(&second.base_initramfs),
+        initramfs_before,
+        "initramfs rebuilt"
+    );
+    assert!(second.modules.iter().any(|m| m == "ib_srpt"));
+    assert!(
+        second.modules.iter().any(|m| m == "crc32_generic"),
+        "rdma_rxe's hidden need"
+    );
+    let pos = |name: &str| second.modules.iter().position(|m| m == name).unwrap();
+    assert!(pos("ib_core") < pos("rdma_rxe") && pos("target_core_mod") < pos("ib_srpt"));
+    assert!(
+        pos("iscsi_target_mod") < pos("ib_isert"),
+        "dependencies load first"
+    );
+}
