@@ -1,7 +1,8 @@
 # The Linux target VM (ib_srpt and LIO isert over Soft-RoCE in qemu, TCG):
 # host packages, the cached kernel and initramfs, the VM integration tests,
-# and a round trip through the kv-vm CLI. About a minute and a half on two
-# cores, most of it four TCG boots of 10-15 s each.
+# and a round trip through the kv-vm CLI. About 1 min 45 s on the two shared
+# cores it was written on (packages already installed by step 30's test run),
+# nearly all of it four TCG boots of 10-30 s each.
 export DEBIAN_FRONTEND=noninteractive
 apt-get -o DPkg::Lock::Timeout=300 update -qq
 apt-get -o DPkg::Lock::Timeout=300 install -y -qq --no-install-recommends \

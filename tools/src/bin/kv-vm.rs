@@ -327,10 +327,11 @@ fn run(cli: Cli) -> Result<ExitCode, VmError> {
             overrides.apply(&mut config);
             config.validate()?;
             let prepared = prepare(&workdir, &prep_options(&prep, &config))?;
-            eprintln!(
-                "kv-vm: booting instance {} (TCG takes 10-20 s)",
-                config.instance
-            );
+            let expect = match config.machine.accel {
+                Accel::Tcg => "under TCG, 10-30 s",
+                Accel::Kvm => "under KVM",
+            };
+            eprintln!("kv-vm: booting instance {} ({expect})", config.instance);
             let instance = Vm::boot_detached(&config, &prepared)?;
             println!(
                 "kv-vm: instance {} ready in {:.1} s (qemu pid {})",
