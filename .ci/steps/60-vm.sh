@@ -1,7 +1,7 @@
 # The Linux target VM (ib_srpt and LIO isert over Soft-RoCE in qemu, TCG):
 # host packages, the cached kernel and initramfs, the VM integration tests,
 # and a round trip through the kv-vm CLI. About 1 min 45 s on the two shared
-# cores it was written on (packages already installed by step 30's test run),
+# cores it was written on ,
 # nearly all of it four TCG boots of 10-30 s each.
 export DEBIAN_FRONTEND=noninteractive
 apt-get -o DPkg::Lock::Timeout=300 update -qq
@@ -13,7 +13,7 @@ kv_vm=target/debug/kv-vm
 timeout 600 "$kv_vm" prepare --no-install
 
 # Boots the VM for real (the tests refuse to skip when CI is set).
-CI=true timeout 900 cargo test -p kverbs-tools --test vm_target -- --nocapture
+CI=true timeout 900 cargo test -p kverbs-tools --features vm-tests --test vm_target -- --nocapture
 
 # The CLI: up, status, exec, down; no qemu may survive.
 instance=ci-cli
