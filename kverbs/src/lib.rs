@@ -8,6 +8,7 @@
 
 #![cfg_attr(not(any(test, feature = "std")), no_std)]
 #![deny(missing_docs)]
+#![deny(unsafe_code)]
 #![cfg_attr(
     not(test),
     deny(
@@ -19,3 +20,10 @@
 )]
 
 extern crate alloc;
+
+pub mod drain;
+pub mod irql;
+pub mod platform;
+pub mod rundown;
+pub mod sync;
+pub mod worker;
