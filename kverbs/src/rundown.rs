@@ -188,9 +188,11 @@ impl<P: Platform> Rundown<P> {
     ///
     /// <= `DISPATCH_LEVEL`.
     pub fn acquire(&self) -> Option<RundownGuard<'_, P>> {
+        // `then`, not `then_some`: the guard must not exist (and release on
+        // drop) unless the acquisition succeeded.
         self.counter
             .try_acquire()
-            .then_some(RundownGuard { rundown: self })
+            .then(|| RundownGuard { rundown: self })
     }
 
     /// A reference that can be stored (with a queued request, say) and is

@@ -162,11 +162,10 @@ fn lowering_irql_below_the_raise_is_flagged() {
         let guard = lock.lock(p); // PASSIVE -> DISPATCH
         // SAFETY: deliberately broken pairing, for the verifier to catch; the
         // host backend only updates its thread model.
-        unsafe {
-            let old = HostPlatform::raise_to_dispatch(); // DISPATCH -> DISPATCH
-            assert_eq!(old, Irql::DISPATCH);
-            HostPlatform::lower_irql(Irql::PASSIVE); // below what it came from
-        }
+        let old = unsafe { HostPlatform::raise_to_dispatch() }; // DISPATCH -> DISPATCH
+        assert_eq!(old, Irql::DISPATCH);
+        // SAFETY: as above.
+        unsafe { HostPlatform::lower_irql(Irql::PASSIVE) }; // below what it came from
         drop(guard);
     });
     assert_eq!(

@@ -439,7 +439,7 @@ fn one_schedule(platform: &HostPlatform, seed: u64, p: &Passive<'_>) -> [usize; 
             )
         })
         .collect();
-    let mut accepted = vec![false; IDS];
+    let mut accepted = [false; IDS];
     // accepted, done, cancelled, refused full, refused closed
     let mut stats = [0usize; 5];
     let mut next_id = 0usize;
@@ -489,10 +489,10 @@ fn one_schedule(platform: &HostPlatform, seed: u64, p: &Passive<'_>) -> [usize; 
         let _ = obj.rundown.destroy();
     }
     platform.run_until_idle(&mut choose, 100_000);
-    for id in 0..IDS {
+    for (id, &was_accepted) in accepted.iter().enumerate() {
         let done = tracker.completed[id].load(Ordering::Relaxed);
         let cancelled = tracker.cancelled[id].load(Ordering::Relaxed);
-        if accepted[id] {
+        if was_accepted {
             assert_eq!(
                 done + cancelled,
                 1,

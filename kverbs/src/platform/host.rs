@@ -435,10 +435,11 @@ static TOTAL_ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
 /// violations (the "no allocation at DISPATCH" rule, checked). Test binaries
 /// install it:
 ///
-/// ```ignore
+/// ```
 /// #[global_allocator]
 /// static ALLOCATOR: kverbs::platform::host::VerifierAllocator =
 ///     kverbs::platform::host::VerifierAllocator;
+/// # fn main() {}
 /// ```
 pub struct VerifierAllocator;
 
