@@ -27,3 +27,6 @@ pub mod platform;
 pub mod rundown;
 pub mod sync;
 pub mod worker;
+
+#[cfg(all(test, loom))]
+mod loom_tests;

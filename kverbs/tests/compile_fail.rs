@@ -3,6 +3,10 @@
 //! thread, keeping a token beyond its scope or its guard, forging one, or
 //! implementing the sealed trait.
 
+// The host backend does not exist under `--cfg loom`; the loom models live
+// in the library (`src/loom_tests.rs`).
+#![cfg(not(loom))]
+
 #[test]
 fn irql_token_rules() {
     let t = trybuild::TestCases::new();

@@ -2,6 +2,10 @@
 //! measured, bounded stack depth; budgeted DPCs that requeue; the arm/poll
 //! race.
 
+// The host backend does not exist under `--cfg loom`; the loom models live
+// in the library (`src/loom_tests.rs`).
+#![cfg(not(loom))]
+
 mod support;
 
 use std::collections::VecDeque;

@@ -3,6 +3,10 @@
 //! items at PASSIVE_LEVEL; timers fire once and can be cancelled; events
 //! wake waiters; spin locks exclude.
 
+// The host backend does not exist under `--cfg loom`; the loom models live
+// in the library (`src/loom_tests.rs`).
+#![cfg(not(loom))]
+
 mod support;
 
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};

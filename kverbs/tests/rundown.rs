@@ -1,6 +1,10 @@
 //! Object lifetime: the destroy callback runs once, after every reference is
 //! released, never inline; no callback runs after it.
 
+// The host backend does not exist under `--cfg loom`; the loom models live
+// in the library (`src/loom_tests.rs`).
+#![cfg(not(loom))]
+
 mod support;
 
 use std::sync::Arc;

@@ -2,6 +2,10 @@
 //! order; completions at the requested level; full queues fail at once;
 //! shutdown cancels exactly once — under thousands of seeded schedules.
 
+// The host backend does not exist under `--cfg loom`; the loom models live
+// in the library (`src/loom_tests.rs`).
+#![cfg(not(loom))]
+
 mod support;
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};

@@ -52,6 +52,9 @@ use crate::irql::{Dispatch, Irql, LeDispatch, Passive};
 #[cfg(all(feature = "host", not(loom)))]
 pub mod host;
 
+#[cfg(all(loom, feature = "std"))]
+pub mod loom;
+
 /// A DPC or timer routine: runs at `DISPATCH_LEVEL` with a [`Dispatch`] token.
 pub type DpcRoutine = Box<dyn for<'a> Fn(&Dispatch<'a>) + Send + Sync>;
 
