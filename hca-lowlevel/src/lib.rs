@@ -21,3 +21,5 @@
         clippy::indexing_slicing
     )
 )]
+
+pub mod wire;

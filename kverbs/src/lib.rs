@@ -26,6 +26,7 @@ pub mod irql;
 pub mod platform;
 pub mod rundown;
 pub mod sync;
+pub mod wire;
 pub mod worker;
 
 #[cfg(all(test, loom))]
