@@ -1073,8 +1073,13 @@ impl HostPlatform {
         }
     }
 
-    /// Takes the recorded violations (the log is emptied).
+    /// Takes the recorded violations (the log is emptied). In threaded mode
+    /// it first waits (up to 30 s) for queued and running routines, so the
+    /// checks made when a routine returns (lock state, DPC budget) are in.
     pub fn take_violations(&self) -> Vec<Violation> {
+        if self.shared.config.mode == HostMode::Threaded {
+            self.quiesce(Duration::from_secs(30));
+        }
         self.shared.verifier.take()
     }
 
