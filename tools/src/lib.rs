@@ -2,3 +2,4 @@
 //! attachment tool, and the Linux target VM harness.
 
 pub mod ntbuild;
+pub mod vm;
