@@ -9,6 +9,19 @@
 //! Nothing here knows about SCSI, and nothing here decides IRQL policy: the
 //! control interface is documented as blocking (PASSIVE_LEVEL only) and the
 //! data-path interface as non-blocking; `kverbs` enforces both in its types.
+//!
+//! # Map
+//!
+//! * [`wqe`], [`recv`], [`cqe`], [`doorbell`]: the queue formats, as views over
+//!   byte buffers (big-endian fields, sizes and offsets pinned at compile time).
+//! * [`dma`]: device-visible memory ([`dma::DmaBuffer`]) as atomic 64-bit words,
+//!   so the driver and a device model may touch it concurrently without UB.
+//! * [`ring`]: power-of-two rings over that memory — WQE copy-in with chunked
+//!   64-bit stores, CQE ownership by owner-bit parity.
+//! * [`barrier`]: the named memory barriers and the exact doorbell order.
+//! * [`device`]: the device interface kverbs drives (control, data-path
+//!   resources, events) and the IBA QP state-transition rules.
+//! * `sim` (feature `sim`): the software HCA, its fabric and a raw test kit.
 
 #![cfg_attr(not(any(test, feature = "std")), no_std)]
 #![deny(missing_docs)]
@@ -21,3 +34,21 @@
         clippy::indexing_slicing
     )
 )]
+
+extern crate alloc;
+
+pub mod barrier;
+pub mod cqe;
+pub mod device;
+pub mod dma;
+pub mod doorbell;
+pub mod recv;
+pub mod ring;
+pub mod sync;
+pub mod wqe;
+
+mod bytes;
+pub mod view;
+
+#[cfg(all(feature = "sim", not(loom)))]
+pub mod sim;
