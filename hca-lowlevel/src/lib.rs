@@ -45,6 +45,7 @@ pub mod doorbell;
 pub mod recv;
 pub mod ring;
 pub mod sync;
+pub mod wire;
 pub mod wqe;
 
 mod bytes;

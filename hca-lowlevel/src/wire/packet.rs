@@ -1,0 +1,253 @@
+//! A whole IBA transport packet: BTH, the extension headers its opcode
+//! implies, the payload and its pad.
+//!
+//! The byte buffer starts at the BTH and ends after the pad bytes; the
+//! ICRC (RoCEv2) or LRH/GRH/VCRC (native IB) are not part of it.
+
+use super::bytes;
+use super::{
+    Aeth, AethRepr, AtomicAckEth, AtomicAckEthRepr, AtomicEth, AtomicEthRepr, Bth, BthRepr, Deth,
+    DethRepr, Error, Feth, FethRepr, HeaderKind, HeaderSet, Ieth, IethRepr, ImmDt, ImmDtRepr,
+    Rdeth, RdethRepr, Result, Reth, RethRepr,
+};
+
+/// The meaning of an IBA transport packet.
+///
+/// Each extension header is `Some` exactly when the opcode carries it
+/// ([`Opcode::headers`](super::Opcode::headers)); [`IbPacketRepr::parse`]
+/// guarantees this and [`IbPacketRepr::emit`] checks it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct IbPacketRepr<'a> {
+    /// Base transport header.
+    pub bth: BthRepr,
+    /// RDETH (RD only).
+    pub rdeth: Option<RdethRepr>,
+    /// DETH (UD, and RD requests).
+    pub deth: Option<DethRepr>,
+    /// FETH (FLUSH).
+    pub feth: Option<FethRepr>,
+    /// RETH (RDMA WRITE first/only, READ request, FLUSH, ATOMIC WRITE).
+    pub reth: Option<RethRepr>,
+    /// AtomicETH (COMPARE SWAP, FETCH ADD).
+    pub atomic_eth: Option<AtomicEthRepr>,
+    /// AETH (ACK, atomic ACK, READ response first/last/only).
+    pub aeth: Option<AethRepr>,
+    /// AtomicAckETH (atomic ACK).
+    pub atomic_ack_eth: Option<AtomicAckEthRepr>,
+    /// Immediate data (`*_WITH_IMMEDIATE`).
+    pub immdt: Option<ImmDtRepr>,
+    /// R_Key to invalidate (`SEND_*_WITH_INVALIDATE`).
+    pub ieth: Option<IethRepr>,
+    /// Payload, without the pad bytes.
+    pub payload: &'a [u8],
+}
+
+/// Pad bytes that bring `payload_len` to a multiple of 4.
+pub const fn pad_for(payload_len: usize) -> u8 {
+    // CAST: the value is below 4.
+    (payload_len.wrapping_neg() & 3) as u8
+}
+
+impl<'a> IbPacketRepr<'a> {
+    /// A packet with the given BTH and payload and no extension headers;
+    /// set the ones the opcode needs before emitting.
+    pub const fn new(bth: BthRepr, payload: &'a [u8]) -> IbPacketRepr<'a> {
+        IbPacketRepr {
+            bth,
+            rdeth: None,
+            deth: None,
+            feth: None,
+            reth: None,
+            atomic_eth: None,
+            aeth: None,
+            atomic_ack_eth: None,
+            immdt: None,
+            ieth: None,
+            payload,
+        }
+    }
+
+    /// Parse an IBA packet (BTH through pad, no ICRC).
+    ///
+    /// # Errors
+    ///
+    /// * [`Error::Truncated`]: shorter than the BTH and the headers its opcode implies;
+    /// * [`Error::UnknownOpcode`], [`Error::BadTransportVersion`]: from the BTH;
+    /// * [`Error::UnalignedPacketLength`]: length not a multiple of 4;
+    /// * [`Error::BadPadCount`]: pad count beyond the bytes after the headers,
+    ///   or non-zero on an opcode without payload;
+    /// * [`Error::UnexpectedPayload`]: bytes after the headers of an opcode that has no payload;
+    /// * [`Error::BadPayloadLength`]: ATOMIC WRITE payload other than 8 bytes;
+    /// * [`Error::ReservedAethSyndrome`], [`Error::BadFlushSelectivity`]: from the headers.
+    pub fn parse(packet: &'a [u8]) -> Result<IbPacketRepr<'a>> {
+        let bth = BthRepr::parse(&Bth::new_checked(packet)?)?;
+        let opcode = bth.opcode;
+        let headers = opcode.headers();
+        let mut repr = IbPacketRepr::new(bth, &[]);
+        let mut offset = super::bth::HEADER_LEN;
+        for kind in HeaderKind::WIRE_ORDER {
+            if !headers.contains(kind.flag()) {
+                continue;
+            }
+            let at = bytes::rest(packet, offset..);
+            match kind {
+                HeaderKind::Rdeth => {
+                    repr.rdeth = Some(RdethRepr::parse(&Rdeth::new_checked(at)?)?);
+                }
+                HeaderKind::Deth => repr.deth = Some(DethRepr::parse(&Deth::new_checked(at)?)?),
+                HeaderKind::Feth => repr.feth = Some(FethRepr::parse(&Feth::new_checked(at)?)?),
+                HeaderKind::Reth => repr.reth = Some(RethRepr::parse(&Reth::new_checked(at)?)?),
+                HeaderKind::AtomicEth => {
+                    repr.atomic_eth = Some(AtomicEthRepr::parse(&AtomicEth::new_checked(at)?)?);
+                }
+                HeaderKind::Aeth => repr.aeth = Some(AethRepr::parse(&Aeth::new_checked(at)?)?),
+                HeaderKind::AtomicAckEth => {
+                    repr.atomic_ack_eth =
+                        Some(AtomicAckEthRepr::parse(&AtomicAckEth::new_checked(at)?)?);
+                }
+                HeaderKind::ImmDt => {
+                    repr.immdt = Some(ImmDtRepr::parse(&ImmDt::new_checked(at)?)?);
+                }
+                HeaderKind::Ieth => repr.ieth = Some(IethRepr::parse(&Ieth::new_checked(at)?)?),
+            }
+            offset += kind.byte_len();
+        }
+
+        if packet.len() % 4 != 0 {
+            return Err(Error::UnalignedPacketLength);
+        }
+        let after_headers = bytes::rest(packet, offset..);
+        let pad = Bth::new_unchecked(packet).pad_count();
+        if !opcode.has_payload() {
+            if !after_headers.is_empty() {
+                return Err(Error::UnexpectedPayload);
+            }
+            if pad != 0 {
+                return Err(Error::BadPadCount(pad));
+            }
+            return Ok(repr);
+        }
+        let payload_len = after_headers
+            .len()
+            .checked_sub(usize::from(pad))
+            .ok_or(Error::BadPadCount(pad))?;
+        // With the packet length a multiple of 4 and pad <= 3, the pad is
+        // necessarily the one that aligns the payload: no further check needed.
+        repr.payload = after_headers.get(..payload_len).unwrap_or(&[]);
+        if let Some(fixed) = opcode.fixed_payload_len() {
+            if payload_len != fixed {
+                return Err(Error::BadPayloadLength);
+            }
+        }
+        Ok(repr)
+    }
+
+    /// The extension headers present in this representation.
+    pub fn present_headers(&self) -> HeaderSet {
+        let mut set = HeaderSet::empty();
+        set.set(HeaderSet::RDETH, self.rdeth.is_some());
+        set.set(HeaderSet::DETH, self.deth.is_some());
+        set.set(HeaderSet::FETH, self.feth.is_some());
+        set.set(HeaderSet::RETH, self.reth.is_some());
+        set.set(HeaderSet::ATOMIC_ETH, self.atomic_eth.is_some());
+        set.set(HeaderSet::AETH, self.aeth.is_some());
+        set.set(HeaderSet::ATOMIC_ACK_ETH, self.atomic_ack_eth.is_some());
+        set.set(HeaderSet::IMMDT, self.immdt.is_some());
+        set.set(HeaderSet::IETH, self.ieth.is_some());
+        set
+    }
+
+    /// The BTH pad count this packet is emitted with.
+    pub const fn pad_count(&self) -> u8 {
+        pad_for(self.payload.len())
+    }
+
+    /// Length of the BTH and the extension headers.
+    pub const fn header_len(&self) -> usize {
+        self.bth.opcode.header_len()
+    }
+
+    /// Length of the emitted packet: headers, payload and pad.
+    pub const fn buffer_len(&self) -> usize {
+        self.header_len() + self.payload.len() + self.pad_count() as usize
+    }
+
+    /// Check that the representation is one [`Self::parse`] could return.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::MissingHeader`] / [`Error::UnexpectedHeader`] when the
+    /// extension headers differ from the opcode's; [`Error::UnexpectedPayload`]
+    /// for a payload on an opcode without one; [`Error::BadPayloadLength`]
+    /// for an ATOMIC WRITE payload other than 8 bytes.
+    pub fn check(&self) -> Result<()> {
+        let opcode = self.bth.opcode;
+        let wanted = opcode.headers();
+        let present = self.present_headers();
+        for kind in HeaderKind::WIRE_ORDER {
+            let flag = kind.flag();
+            match (wanted.contains(flag), present.contains(flag)) {
+                (true, false) => return Err(Error::MissingHeader(kind)),
+                (false, true) => return Err(Error::UnexpectedHeader(kind)),
+                _ => {}
+            }
+        }
+        if !opcode.has_payload() && !self.payload.is_empty() {
+            return Err(Error::UnexpectedPayload);
+        }
+        if let Some(fixed) = opcode.fixed_payload_len() {
+            if self.payload.len() != fixed {
+                return Err(Error::BadPayloadLength);
+            }
+        }
+        Ok(())
+    }
+
+    /// Write the packet into the start of `buf`; returns its length.
+    ///
+    /// Reserved bits and pad bytes are written as zero.
+    ///
+    /// # Errors
+    ///
+    /// Those of [`Self::check`], and [`Error::BufferTooShort`] when `buf`
+    /// is shorter than [`Self::buffer_len`].
+    pub fn emit(&self, buf: &mut [u8]) -> Result<usize> {
+        self.check()?;
+        let len = self.buffer_len();
+        let out = buf.get_mut(..len).ok_or(Error::BufferTooShort)?;
+
+        let mut bth = Bth::new_unchecked(&mut *out);
+        self.bth.emit(&mut bth);
+        bth.set_pad_count(self.pad_count());
+
+        let mut offset = super::bth::HEADER_LEN;
+        for kind in HeaderKind::WIRE_ORDER {
+            let at = bytes::slice_mut(out, offset..offset + kind.byte_len());
+            let written = match kind {
+                HeaderKind::Rdeth => self.rdeth.map(|h| h.emit(&mut Rdeth::new_unchecked(at))),
+                HeaderKind::Deth => self.deth.map(|h| h.emit(&mut Deth::new_unchecked(at))),
+                HeaderKind::Feth => self.feth.map(|h| h.emit(&mut Feth::new_unchecked(at))),
+                HeaderKind::Reth => self.reth.map(|h| h.emit(&mut Reth::new_unchecked(at))),
+                HeaderKind::AtomicEth => self
+                    .atomic_eth
+                    .map(|h| h.emit(&mut AtomicEth::new_unchecked(at))),
+                HeaderKind::Aeth => self.aeth.map(|h| h.emit(&mut Aeth::new_unchecked(at))),
+                HeaderKind::AtomicAckEth => self
+                    .atomic_ack_eth
+                    .map(|h| h.emit(&mut AtomicAckEth::new_unchecked(at))),
+                HeaderKind::ImmDt => self.immdt.map(|h| h.emit(&mut ImmDt::new_unchecked(at))),
+                HeaderKind::Ieth => self.ieth.map(|h| h.emit(&mut Ieth::new_unchecked(at))),
+            };
+            if written.is_some() {
+                offset += kind.byte_len();
+            }
+        }
+
+        let payload_end = offset + self.payload.len();
+        bytes::write_bytes(out, offset..payload_end, self.payload);
+        for pad in bytes::slice_mut(out, payload_end..len) {
+            *pad = 0;
+        }
+        Ok(len)
+    }
+}
