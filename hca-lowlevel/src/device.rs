@@ -65,40 +65,7 @@ impl AccessFlags {
     }
 }
 
-/// A 128-bit GID.
-#[derive(Copy, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
-pub struct Gid(pub [u8; 16]);
-
-impl Gid {
-    /// The IPv4-mapped GID `::ffff:a.b.c.d` (RoCEv2 over IPv4).
-    #[must_use]
-    pub const fn from_ipv4(ip: [u8; 4]) -> Self {
-        Self([
-            0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, ip[0], ip[1], ip[2], ip[3],
-        ])
-    }
-
-    /// The IPv4 address if this is an IPv4-mapped GID.
-    #[must_use]
-    pub fn ipv4(&self) -> Option<[u8; 4]> {
-        let g = &self.0;
-        if g[..10].iter().all(|b| *b == 0) && g[10] == 0xff && g[11] == 0xff {
-            Some([g[12], g[13], g[14], g[15]])
-        } else {
-            None
-        }
-    }
-}
-
-impl fmt::Debug for Gid {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if let Some(ip) = self.ipv4() {
-            write!(f, "Gid(::ffff:{}.{}.{}.{})", ip[0], ip[1], ip[2], ip[3])
-        } else {
-            write!(f, "Gid({:02x?})", self.0)
-        }
-    }
-}
+pub use crate::wire::Gid;
 
 /// IBA path MTU (enum values as in the CM REQ / `ib_mtu`).
 #[derive(Copy, Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
@@ -1306,8 +1273,6 @@ mod tests {
         assert_eq!(Mtu::Mtu1024.bytes(), 1024);
         assert_eq!(Mtu::Mtu4096.bytes(), 4096);
         assert_eq!(Mtu::from_u8(6), None);
-        assert_eq!(Gid::from_ipv4([10, 0, 0, 1]).ipv4(), Some([10, 0, 0, 1]));
-        assert_eq!(Gid([1; 16]).ipv4(), None);
         assert!(
             AccessFlags::LOCAL_WRITE
                 .union(AccessFlags::REMOTE_WRITE)
