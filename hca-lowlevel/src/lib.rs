@@ -53,3 +53,6 @@ pub mod view;
 
 #[cfg(all(feature = "sim", not(loom)))]
 pub mod sim;
+
+#[cfg(all(test, loom))]
+mod loom_tests;

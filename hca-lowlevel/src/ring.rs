@@ -476,3 +476,124 @@ mod tests {
         }
     }
 }
+
+/// Real threads over the same ring code (what Miri checks for data races
+/// and weak-memory effects).
+#[cfg(all(test, not(loom)))]
+mod thread_tests {
+    use super::*;
+    use crate::cqe::CqeRepr;
+    use crate::doorbell::CqDoorbellRecord;
+    use crate::sync::atomic::AtomicU64;
+    use alloc::sync::Arc;
+    use alloc::vec::Vec;
+
+    #[test]
+    fn cq_producer_consumer_threads() {
+        const ENTRIES: u32 = 4;
+        let total: u32 = if cfg!(miri) { 12 } else { 2000 };
+        let ring_mem: Arc<[AtomicU64]> = (0..ENTRIES as usize * 8)
+            .map(|_| AtomicU64::new(0))
+            .collect::<Vec<_>>()
+            .into();
+        let dbr_mem: Arc<[AtomicU64]> =
+            (0..1).map(|_| AtomicU64::new(0)).collect::<Vec<_>>().into();
+        CqRing::new(ring_mem.clone(), ENTRIES)
+            .unwrap()
+            .init_invalid();
+        let (rm, dm) = (ring_mem.clone(), dbr_mem.clone());
+        let device = std::thread::spawn(move || {
+            let ring = CqRing::new(rm, ENTRIES).unwrap();
+            let dbr = CqDoorbellRecord::new(dm).unwrap();
+            for pi in 0..total {
+                while pi.wrapping_sub(dbr.ci()) >= ENTRIES {
+                    std::thread::yield_now();
+                }
+                let mut b = [0u8; CQE_SIZE];
+                CqeRepr {
+                    opcode: CqeOpcode::Req,
+                    solicited: false,
+                    wqe_opcode: 0,
+                    qpn: pi & 0xff_ffff,
+                    wqe_counter: pi as u16,
+                    byte_cnt: pi,
+                    imm_inval_pkey: !pi,
+                    src_qpn: 0,
+                    grh: false,
+                    syndrome: 0,
+                    vendor_syndrome: 0,
+                }
+                .emit(&mut Cqe::new_unchecked(&mut b[..]), false);
+                ring.write_cqe(pi, &b).unwrap();
+            }
+        });
+        let ring = CqRing::new(ring_mem, ENTRIES).unwrap();
+        let dbr = CqDoorbellRecord::new(dbr_mem).unwrap();
+        let mut ci = 0;
+        while ci < total {
+            if let Some(c) = ring.poll(ci) {
+                let r = CqeRepr::parse(&c).unwrap();
+                assert_eq!(
+                    (r.byte_cnt, r.imm_inval_pkey, r.wqe_counter),
+                    (ci, !ci, ci as u16)
+                );
+                ci += 1;
+                dbr.set_ci(ci);
+            } else {
+                std::thread::yield_now();
+            }
+        }
+        device.join().unwrap();
+    }
+
+    #[test]
+    fn send_queue_publication_threads() {
+        use crate::doorbell::QpDoorbellRecord;
+        use crate::wqe::{CtrlFlags, SendOpcode, SendWqeBuilder};
+        let rounds: u32 = if cfg!(miri) { 6 } else { 500 };
+        // Ring of 4 WQEBBs; each WQE takes 2, so two are in flight at most.
+        let sq_mem: Arc<[AtomicU64]> = (0..4 * 8)
+            .map(|_| AtomicU64::new(0))
+            .collect::<Vec<_>>()
+            .into();
+        let dbr_mem: Arc<[AtomicU64]> =
+            (0..1).map(|_| AtomicU64::new(0)).collect::<Vec<_>>().into();
+        // The device reports how many WQEs it has consumed (a completion).
+        let done: Arc<AtomicU64> = Arc::new(AtomicU64::new(0));
+        let (sm, dm, dn) = (sq_mem.clone(), dbr_mem.clone(), done.clone());
+        let build = |i: u32| {
+            let mut b =
+                SendWqeBuilder::new(SendOpcode::Send, (i * 2) as u16, 9, CtrlFlags::empty(), i);
+            b.inline(&[i as u8; 100]).unwrap();
+            b.finish().unwrap().to_vec()
+        };
+        let device = std::thread::spawn(move || {
+            let sq = SendRing::new(sm, 4).unwrap();
+            let dbr = QpDoorbellRecord::new(dm).unwrap();
+            let mut next = 0u32;
+            while next < rounds {
+                if dbr.sq_head() != (next * 2) as u16 {
+                    let want = build(next);
+                    let mut got = [0u8; 128];
+                    sq.read_wqe(next * 2, &mut got).unwrap();
+                    assert_eq!(&got[..], &want[..], "WQE {next}");
+                    next += 1;
+                    dn.store(u64::from(next), crate::sync::atomic::Ordering::Release);
+                } else {
+                    std::thread::yield_now();
+                }
+            }
+        });
+        let sq = SendRing::new(sq_mem, 4).unwrap();
+        let dbr = QpDoorbellRecord::new(dbr_mem).unwrap();
+        for i in 0..rounds {
+            while u64::from(i) - done.load(crate::sync::atomic::Ordering::Acquire) >= 2 {
+                std::thread::yield_now();
+            }
+            sq.write_wqe(i * 2, &build(i)).unwrap();
+            crate::barrier::to_device();
+            dbr.set_sq_head(((i + 1) * 2) as u16);
+        }
+        device.join().unwrap();
+    }
+}

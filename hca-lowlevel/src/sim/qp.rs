@@ -194,6 +194,10 @@ pub(crate) struct Qp {
     timer: Option<u64>,
     rnr_until: Option<u64>,
     read_retry_at: Option<Psn>,
+    /// PSN a sequence NAK already made us retry from (since the last progress).
+    nak_retry_at: Option<Psn>,
+    /// Highest PSN the responder is known to have received.
+    acked_through: Psn,
     sqd_notified: bool,
     // Responder.
     epsn: Psn,
@@ -284,6 +288,8 @@ impl Qp {
             timer: None,
             rnr_until: None,
             read_retry_at: None,
+            nak_retry_at: None,
+            acked_through: Psn::default(),
             sqd_notified: false,
             epsn: Psn::default(),
             msn: 0,
@@ -346,6 +352,8 @@ impl Qp {
             QpState::Rts if old == QpState::Rtr => {
                 self.next_psn = Psn::from_low_bits(self.attr.sq_psn);
                 self.send_psn = self.next_psn;
+                self.acked_through = self.next_psn.wrapping_sub(1);
+                self.nak_retry_at = None;
                 self.retry_left = self.attr.retry_cnt;
                 self.rnr_left = self.attr.rnr_retry;
             }
@@ -895,7 +903,18 @@ impl Qp {
         (progress, None)
     }
 
+    /// The responder has everything through `psn`: if that is news, the
+    /// connection made progress (retry counters start over).
+    fn note_acked(&mut self, psn: Psn, now: u64) {
+        let outstanding = self.next_psn.distance_from(self.acked_through);
+        if psn.is_after(self.acked_through) && psn.distance_from(self.acked_through) < outstanding {
+            self.acked_through = psn;
+            self.made_progress(now);
+        }
+    }
+
     fn made_progress(&mut self, now: u64) {
+        self.nak_retry_at = None;
         self.retry_left = self.attr.retry_cnt;
         self.rnr_left = self.attr.rnr_retry;
         self.read_retry_at = None;
@@ -907,6 +926,18 @@ impl Qp {
             self.arm_timer(now);
         } else {
             self.timer = None;
+        }
+    }
+
+    /// A retry counter ran out: the oldest unacknowledged request fails
+    /// (the counter is about it), and the error state flushes the rest.
+    fn fail_head(&mut self, s: Syndrome) {
+        if let Some(o) = self
+            .ops
+            .iter_mut()
+            .find(|o| o.status == OpStatus::InFlight && o.is_remote_rc())
+        {
+            o.status = OpStatus::Failed(s);
         }
     }
 
@@ -935,8 +966,15 @@ impl Qp {
         let operation = pkt.bth.opcode.operation();
         if operation == Operation::Acknowledge {
             let Some(aeth) = pkt.aeth else { return };
+            // A NAK (of any kind) for a PSN the responder has since been
+            // shown to have received is stale: a delayed or duplicated frame.
+            let stale = !psn.is_after(self.acked_through);
+            if stale && !matches!(aeth.syndrome, AethSyndrome::Ack(_)) {
+                return;
+            }
             match aeth.syndrome {
                 AethSyndrome::Ack(_) => {
+                    self.note_acked(psn, ctx.now);
                     let (p, lost_read) = self.ack_through(psn);
                     if p {
                         self.made_progress(ctx.now);
@@ -950,13 +988,14 @@ impl Qp {
                 }
                 AethSyndrome::RnrNak(t) => {
                     self.stats.rnr_naks_received += 1;
+                    self.note_acked(psn.wrapping_sub(1), ctx.now);
                     let (p, _) = self.ack_through(psn.wrapping_sub(1));
                     if p {
                         self.made_progress(ctx.now);
                     }
                     if self.attr.rnr_retry != 7 {
                         if self.rnr_left == 0 {
-                            self.fail_at(psn, Syndrome::RnrRetryExceeded);
+                            self.fail_head(Syndrome::RnrRetryExceeded);
                             return;
                         }
                         self.rnr_left -= 1;
@@ -966,14 +1005,21 @@ impl Qp {
                     self.arm_timer(ctx.now.saturating_add(rnr_timer_ns(t.get())));
                 }
                 AethSyndrome::Nak(code) => {
+                    self.note_acked(psn.wrapping_sub(1), ctx.now);
                     let (p, _) = self.ack_through(psn.wrapping_sub(1));
                     if p {
                         self.made_progress(ctx.now);
                     }
                     if code == NakCode::PSN_SEQUENCE_ERROR {
                         self.stats.seq_naks_received += 1;
+                        // A duplicated or stale NAK for a gap we are already
+                        // retrying costs no second retry.
+                        if self.nak_retry_at == Some(psn) {
+                            return;
+                        }
+                        self.nak_retry_at = Some(psn);
                         if self.retry_left == 0 {
-                            self.fail_at(psn, Syndrome::TransportRetryExceeded);
+                            self.fail_head(Syndrome::TransportRetryExceeded);
                             return;
                         }
                         self.retry_left -= 1;
@@ -1003,27 +1049,28 @@ impl Qp {
         else {
             return;
         };
-        // Every SEND/WRITE before the READ is implicitly acknowledged.
-        let mut implicit = false;
-        for o in self.ops.iter_mut().take(idx) {
-            if o.status == OpStatus::InFlight && o.is_remote_rc() {
-                o.status = OpStatus::Done;
-                implicit = true;
-            }
-        }
         let Some(o) = self.ops.get(idx) else { return };
         let got = o.rx_pkts;
         let expect = o.first_psn.wrapping_add(got);
         if psn != expect {
+            // A response from later in this READ: an earlier one was lost.
+            // (Anything else — a duplicate, or a response to a retried
+            // earlier READ — is ignored.)
             if psn.is_after(expect) && o.contains(psn) && self.read_retry_at != Some(expect) {
                 self.read_retry_at = Some(expect);
                 self.retransmit_from(expect);
             }
-            if implicit {
-                self.made_progress(ctx.now);
-            }
             return;
         }
+        // A genuine response to this READ: the responder has executed
+        // everything before it, so every earlier SEND/WRITE is acknowledged.
+        self.note_acked(psn, ctx.now);
+        for o in self.ops.iter_mut().take(idx) {
+            if o.status == OpStatus::InFlight && o.is_remote_rc() {
+                o.status = OpStatus::Done;
+            }
+        }
+        let Some(o) = self.ops.get(idx) else { return };
         let k = got;
         let last_pkt = k + 1 == o.npkts;
         let n = pkt.payload.len() as u32;
@@ -1034,9 +1081,11 @@ impl Qp {
         } else {
             n == mtu
         };
+        // A retried READ (re-requested from packet k) is answered by a new
+        // response stream that starts with FIRST (or ONLY) at packet k.
         let pos_ok = match operation {
-            Operation::RdmaReadResponseOnly => o.npkts == 1,
-            Operation::RdmaReadResponseFirst => k == 0 && o.npkts > 1,
+            Operation::RdmaReadResponseOnly => last_pkt,
+            Operation::RdmaReadResponseFirst => !last_pkt,
             Operation::RdmaReadResponseMiddle => k > 0 && !last_pkt,
             Operation::RdmaReadResponseLast => k > 0 && last_pkt,
             _ => false,
@@ -1137,7 +1186,7 @@ impl Qp {
             return false;
         };
         if self.retry_left == 0 {
-            self.fail_at(psn, Syndrome::TransportRetryExceeded);
+            self.fail_head(Syndrome::TransportRetryExceeded);
             self.timer = None;
             return true;
         }

@@ -259,6 +259,12 @@ impl RawQp {
         Ok(c)
     }
 
+    /// Receive WQEs posted so far (the receive producer counter).
+    #[must_use]
+    pub fn rq_posted(&self) -> u32 {
+        self.rq_pi
+    }
+
     /// Restarts the counters at 0 (after a modify to RESET).
     pub fn reset_counters(&mut self) {
         self.sq_pi = 0;
