@@ -21,7 +21,19 @@
 //! * [`barrier`]: the named memory barriers and the exact doorbell order.
 //! * [`device`]: the device interface kverbs drives (control, data-path
 //!   resources, events) and the IBA QP state-transition rules.
-//! * `sim` (feature `sim`): the software HCA, its fabric and a raw test kit.
+//! * [`view`]: the shared view boilerplate and [`view::FormatError`].
+//! * [`sync`]: the atomics facade (core or loom).
+//! * [`wire`]: the IBA transport headers and RoCEv2 framing.
+//! * `sim` (feature `sim`): the software HCA, its fabric (seeded fault
+//!   injection, device-thread and stepped execution) and a raw test kit.
+//!
+//! # Tests
+//!
+//! Golden-byte tests for every format, every QP transition rule and every
+//! protection check; the lossy-link RC property (`tests/lossy_rc.rs`,
+//! `HCA_LOSSY_SEEDS`); loom models of ring ownership (`--cfg loom`); Miri
+//! over the shared-memory code; `benches/sim_rate.rs` for rate and
+//! bandwidth beside memcpy.
 
 #![cfg_attr(not(any(test, feature = "std")), no_std)]
 #![deny(missing_docs)]

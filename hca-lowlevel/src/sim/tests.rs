@@ -1773,3 +1773,34 @@ fn forced_error_flushes_both_queues() {
             .contains(&AsyncEvent::QpFatal { qpn: a.qp.qpn })
     );
 }
+
+#[test]
+fn faults_are_reproducible_from_the_seed() {
+    let run = |seed: u64| {
+        let f = Fabric::new(FabricConfig { mode: ExecMode::Stepped, seed });
+        let (mut a, mut b) = rc_pair(&f, RcOptions { timeout: 8, ..RcOptions::default() }).unwrap();
+        let cfg = FaultConfig {
+            drop: 0.1,
+            duplicate: 0.1,
+            reorder: 0.2,
+            corrupt: 0.05,
+            delay_ns: 1000,
+            jitter_ns: 5000,
+            reorder_delay_ns: 50_000,
+        };
+        f.set_link_faults(&a.hca, &b.hca, cfg);
+        f.set_link_faults(&b.hca, &a.hca, cfg);
+        f.set_capture(true);
+        let (_s, _d) = lossless_send(&f, &mut a, &mut b, 10, 3000);
+        f.advance(Duration::from_millis(200));
+        assert_eq!(a.cq.drain().len(), 10);
+        let frames: Vec<(u64, Vec<u8>)> = f.take_captured().into_iter().map(|c| (c.at_ns, c.bytes)).collect();
+        (f.stats(), frames)
+    };
+    let (s1, f1) = run(77);
+    let (s2, f2) = run(77);
+    assert_eq!(s1, s2);
+    assert_eq!(f1, f2);
+    let (s3, _) = run(78);
+    assert_ne!(s1, s3, "another seed, another fault pattern");
+}
