@@ -19,3 +19,5 @@
 )]
 
 extern crate alloc;
+
+pub mod wire;

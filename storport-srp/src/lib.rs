@@ -17,3 +17,6 @@
 )]
 
 extern crate alloc;
+
+#[cfg(feature = "nt")]
+pub mod nt;

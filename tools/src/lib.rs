@@ -1,2 +1,5 @@
 //! Tools around the initiator: the benchmark, software targets, the INF and
 //! attachment tool, and the Linux target VM harness.
+
+pub mod ntbuild;
+pub mod vm;

@@ -25,6 +25,12 @@
 //! Every byte handed to a parser here may come from a hostile peer. Parsers
 //! are total: they never panic, never read out of bounds, never allocate,
 //! and every malformed input maps to one specific [`Error`] variant.
+//!
+//! # IRQL
+//!
+//! Everything here is pure computation over caller-provided buffers: no
+//! allocation, no locks, no blocking, bounded time. Every function may be
+//! called at any IRQL, DISPATCH_LEVEL included.
 
 #![forbid(unsafe_code)]
 

@@ -1,0 +1,49 @@
+//! Source A: the facade's names from `wdk-sys` (Windows with a WDK only).
+//! `wdk-sys` generates its bindings from the installed WDK's headers, so
+//! every type here has the real layout. Only the inline StorPort helpers
+//! (`StorPortEnablePassiveInitialization`, ...) are absent there as well:
+//! the shim reaches them through `StorPortNotification`, as storport.h does.
+
+pub use wdk_sys::ntddk::{
+    ExFreePoolWithTag, KeBugCheckEx, MmGetSystemRoutineAddress, RtlInitUnicodeString,
+};
+pub use wdk_sys::storage::{StorPortExtendedFunction, StorPortInitialize, StorPortNotification};
+pub use wdk_sys::{
+    _INTERFACE_TYPE, _POOL_TYPE, _SCSI_ADAPTER_CONTROL_STATUS, _SCSI_ADAPTER_CONTROL_TYPE,
+    _SCSI_NOTIFICATION_TYPE, _SCSI_NOTIFICATION_TYPE::EnablePassiveInitialization,
+    _SRBEXDATATYPE::SrbExDataTypeScsiCdb16, _STOR_SYNCHRONIZATION_MODEL::StorSynchronizeFullDuplex,
+    ADDRESS_TYPE_FLAG_BTL8, BOOLEAN, DISPATCH_LEVEL, DRIVER_OBJECT, HW_INITIALIZATION_DATA, KIRQL,
+    NTSTATUS, PASSIVE_LEVEL, PCHAR, PCUNICODE_STRING, PHW_PASSIVE_INITIALIZE_ROUTINE,
+    POOL_FLAG_NON_PAGED, POOL_FLAG_UNINITIALIZED, POOL_FLAGS, PORT_CONFIGURATION_INFORMATION,
+    PVIRTUAL_HW_FIND_ADAPTER, PVOID, SCSI_DMA64_MINIPORT_FULL64BIT_SUPPORTED, SCSI_REQUEST_BLOCK,
+    SCSI_SUPPORTED_CONTROL_TYPE_LIST, SIZE_T, SP_RETURN_ERROR, SP_RETURN_FOUND,
+    SRB_FUNCTION_ABORT_COMMAND, SRB_FUNCTION_EXECUTE_SCSI, SRB_FUNCTION_FLUSH,
+    SRB_FUNCTION_IO_CONTROL, SRB_FUNCTION_PNP, SRB_FUNCTION_POWER, SRB_FUNCTION_RESET_BUS,
+    SRB_FUNCTION_RESET_DEVICE, SRB_FUNCTION_RESET_LOGICAL_UNIT, SRB_FUNCTION_SHUTDOWN,
+    SRB_FUNCTION_STORAGE_REQUEST_BLOCK, SRB_FUNCTION_WMI, SRB_SIGNATURE, SRB_STATUS_ABORT_FAILED,
+    SRB_STATUS_BAD_FUNCTION, SRB_STATUS_INVALID_LUN, SRB_STATUS_INVALID_PATH_ID,
+    SRB_STATUS_INVALID_REQUEST, SRB_STATUS_INVALID_TARGET_ID, SRB_STATUS_SELECTION_TIMEOUT,
+    SRB_STATUS_SUCCESS, SRB_TYPE_FLAG_SCSI_REQUEST_BLOCK, SRB_TYPE_FLAG_STORAGE_REQUEST_BLOCK,
+    SRB_TYPE_STORAGE_REQUEST_BLOCK, SRBEX_DATA, SRBEX_DATA_SCSI_CDB16,
+    STATUS_INSUFFICIENT_RESOURCES, STATUS_SUCCESS, STATUS_UNSUCCESSFUL, STOR_ADDR_BTL8,
+    STOR_ADDR_BTL8_ADDRESS_LENGTH, STOR_ADDRESS, STOR_ADDRESS_TYPE_BTL8, STOR_DPC,
+    STOR_FEATURE_VIRTUAL_MINIPORT, STOR_LOCK_HANDLE, STOR_MAP_ALL_BUFFERS_INCLUDING_READ_WRITE,
+    STOR_SPINLOCK, STORAGE_ADDRESS_TYPE_BTL8, STORAGE_REQUEST_BLOCK,
+    STORAGE_REQUEST_BLOCK_VERSION_1, STORPORT_FUNCTION_CODE, UCHAR, ULONG, UNICODE_STRING, USHORT,
+    VIRTUAL_HW_INITIALIZATION_DATA,
+};
+
+unsafe extern "system" {
+    /// `wdk-sys` blocklists this routine as deprecated; the allocator still
+    /// needs it as the fallback where `ExAllocatePool2` does not exist.
+    pub fn ExAllocatePoolWithTag(
+        PoolType: _POOL_TYPE::Type,
+        NumberOfBytes: SIZE_T,
+        Tag: ULONG,
+    ) -> PVOID;
+}
+
+/// `ExAllocatePool2`'s signature; the shim resolves it at run time on both
+/// sources (see `nt::alloc`).
+pub type PFN_EX_ALLOCATE_POOL2 =
+    unsafe extern "system" fn(Flags: POOL_FLAGS, NumberOfBytes: SIZE_T, Tag: ULONG) -> PVOID;
