@@ -17,20 +17,33 @@ use hca_lowlevel::sim::testkit::{Node, RcOptions, rdma_wqe, send_wqe};
 use hca_lowlevel::sim::{Fabric, HcaConfig};
 use hca_lowlevel::wqe::{CtrlFlags, SendOpcode};
 
-const RW: AccessFlags = AccessFlags::LOCAL_WRITE.union(AccessFlags::REMOTE_WRITE).union(AccessFlags::REMOTE_READ);
+const RW: AccessFlags = AccessFlags::LOCAL_WRITE
+    .union(AccessFlags::REMOTE_WRITE)
+    .union(AccessFlags::REMOTE_READ);
 
 fn secs() -> Duration {
-    let s = std::env::var("SIM_RATE_SECS").ok().and_then(|v| v.parse::<f64>().ok()).unwrap_or(1.0);
+    let s = std::env::var("SIM_RATE_SECS")
+        .ok()
+        .and_then(|v| v.parse::<f64>().ok())
+        .unwrap_or(1.0);
     Duration::from_secs_f64(s)
 }
 
 fn pair(f: &Fabric, mtu: hca_lowlevel::device::Mtu) -> (Node, Node) {
-    let cfg = |ip| HcaConfig { mtu, ..HcaConfig::new(ip) };
+    let cfg = |ip| HcaConfig {
+        mtu,
+        ..HcaConfig::new(ip)
+    };
     let a = Node::with_config(f, cfg([10, 0, 0, 1]), QpType::Rc, 1024, 4096).expect("node a");
     let b = Node::with_config(f, cfg([10, 0, 0, 2]), QpType::Rc, 1024, 4096).expect("node b");
-    let o = RcOptions { mtu, ..RcOptions::default() };
-    a.bring_up(Some((b.hca.gid(), b.qp.qpn)), o).expect("bring up a");
-    b.bring_up(Some((a.hca.gid(), a.qp.qpn)), o).expect("bring up b");
+    let o = RcOptions {
+        mtu,
+        ..RcOptions::default()
+    };
+    a.bring_up(Some((b.hca.gid(), b.qp.qpn)), o)
+        .expect("bring up a");
+    b.bring_up(Some((a.hca.gid(), a.qp.qpn)), o)
+        .expect("bring up b");
     (a, b)
 }
 
@@ -45,7 +58,11 @@ fn send_rate() -> f64 {
     while start.elapsed() < limit {
         for i in 0..BATCH {
             b.qp.post_recv(&[dst.sge(i * 64, 64)]).expect("recv");
-            let flags = if i + 1 == BATCH { CtrlFlags::CQ_UPDATE } else { CtrlFlags::empty() };
+            let flags = if i + 1 == BATCH {
+                CtrlFlags::CQ_UPDATE
+            } else {
+                CtrlFlags::empty()
+            };
             let mut w = send_wqe(&a.qp, SendOpcode::Send, flags, 0, src.sge(0, 64));
             a.qp.write_send(&mut w).expect("send");
         }
@@ -70,8 +87,20 @@ fn write_bandwidth(size: usize, batch: usize) -> f64 {
     while start.elapsed() < limit {
         for i in 0..batch {
             let off = (i * size) as u64;
-            let flags = if i + 1 == batch { CtrlFlags::CQ_UPDATE } else { CtrlFlags::empty() };
-            let mut w = rdma_wqe(&a.qp, SendOpcode::RdmaWrite, flags, 0, dst.iova + off, dst.keys.rkey, src.sge(off, size as u32));
+            let flags = if i + 1 == batch {
+                CtrlFlags::CQ_UPDATE
+            } else {
+                CtrlFlags::empty()
+            };
+            let mut w = rdma_wqe(
+                &a.qp,
+                SendOpcode::RdmaWrite,
+                flags,
+                0,
+                dst.iova + off,
+                dst.keys.rkey,
+                src.sge(off, size as u32),
+            );
             a.qp.write_send(&mut w).expect("write");
         }
         a.qp.ring_sq();
@@ -79,7 +108,11 @@ fn write_bandwidth(size: usize, batch: usize) -> f64 {
         assert_eq!(a.cq.drain().len(), 1, "completions");
         bytes += (size * batch) as u64;
     }
-    assert_eq!(dst.bytes(size * batch - 8, 8), vec![0xa5; 8], "data arrived");
+    assert_eq!(
+        dst.bytes(size * batch - 8, 8),
+        vec![0xa5; 8],
+        "data arrived"
+    );
     bytes as f64 / start.elapsed().as_secs_f64()
 }
 
@@ -105,10 +138,28 @@ fn main() {
         return;
     }
     let gib = |b: f64| b / (1u64 << 30) as f64;
-    println!("software HCA (stepped, one thread), {:.1} s per figure", secs().as_secs_f64());
-    println!("  64 B SEND message rate         {:>10.0} msg/s", send_rate());
-    println!("  4 KiB RDMA WRITE bandwidth     {:>10.3} GiB/s", gib(write_bandwidth(4096, 32)));
-    println!("  128 KiB RDMA WRITE bandwidth   {:>10.3} GiB/s", gib(write_bandwidth(128 << 10, 8)));
-    println!("  memcpy 4 KiB blocks            {:>10.3} GiB/s", gib(memcpy_bandwidth(4096)));
-    println!("  memcpy 128 KiB blocks          {:>10.3} GiB/s", gib(memcpy_bandwidth(128 << 10)));
+    println!(
+        "software HCA (stepped, one thread), {:.1} s per figure",
+        secs().as_secs_f64()
+    );
+    println!(
+        "  64 B SEND message rate         {:>10.0} msg/s",
+        send_rate()
+    );
+    println!(
+        "  4 KiB RDMA WRITE bandwidth     {:>10.3} GiB/s",
+        gib(write_bandwidth(4096, 32))
+    );
+    println!(
+        "  128 KiB RDMA WRITE bandwidth   {:>10.3} GiB/s",
+        gib(write_bandwidth(128 << 10, 8))
+    );
+    println!(
+        "  memcpy 4 KiB blocks            {:>10.3} GiB/s",
+        gib(memcpy_bandwidth(4096))
+    );
+    println!(
+        "  memcpy 128 KiB blocks          {:>10.3} GiB/s",
+        gib(memcpy_bandwidth(128 << 10))
+    );
 }

@@ -1777,8 +1777,18 @@ fn forced_error_flushes_both_queues() {
 #[test]
 fn faults_are_reproducible_from_the_seed() {
     let run = |seed: u64| {
-        let f = Fabric::new(FabricConfig { mode: ExecMode::Stepped, seed });
-        let (mut a, mut b) = rc_pair(&f, RcOptions { timeout: 8, ..RcOptions::default() }).unwrap();
+        let f = Fabric::new(FabricConfig {
+            mode: ExecMode::Stepped,
+            seed,
+        });
+        let (mut a, mut b) = rc_pair(
+            &f,
+            RcOptions {
+                timeout: 8,
+                ..RcOptions::default()
+            },
+        )
+        .unwrap();
         let cfg = FaultConfig {
             drop: 0.1,
             duplicate: 0.1,
@@ -1794,7 +1804,11 @@ fn faults_are_reproducible_from_the_seed() {
         let (_s, _d) = lossless_send(&f, &mut a, &mut b, 10, 3000);
         f.advance(Duration::from_millis(200));
         assert_eq!(a.cq.drain().len(), 10);
-        let frames: Vec<(u64, Vec<u8>)> = f.take_captured().into_iter().map(|c| (c.at_ns, c.bytes)).collect();
+        let frames: Vec<(u64, Vec<u8>)> = f
+            .take_captured()
+            .into_iter()
+            .map(|c| (c.at_ns, c.bytes))
+            .collect();
         (f.stats(), frames)
     };
     let (s1, f1) = run(77);
