@@ -1,0 +1,475 @@
+//! Device-visible (DMA) memory.
+//!
+//! Memory that a driver and a device both touch is modelled as an array of
+//! atomic 64-bit words ([`AtomicU64`]), never as a `&mut [u8]`: the device
+//! (hardware, or the software HCA on another thread) may read or write it at
+//! any time, and an aliased `&mut` would be undefined behaviour. Byte `i` of a
+//! buffer is byte `i % 8` of word `i / 8` in native memory order, which is how
+//! a real CPU and a real device see the same physical memory.
+//!
+//! * [`DmaBuffer`] is the driver's owning handle: physical address, length,
+//!   atomic reads and writes at offsets. Dropping it frees the memory: the
+//!   device can no longer reach it (it gets a clean error, never stale data).
+//! * [`DmaBacking`] is what an allocator implements behind a buffer (the host
+//!   simulator's physical memory; on Windows, a common-buffer allocation).
+//! * [`DmaAllocator`] is the object-safe allocator a device hands to kverbs.
+//!
+//! Partial-word writes are compare-and-swap loops, so two writers of adjacent
+//! bytes in one word (the two halves of a doorbell record, two RDMA WRITEs to
+//! neighbouring bytes) never lose each other's bytes.
+
+use alloc::sync::Arc;
+use core::fmt;
+
+use crate::sync::atomic::{AtomicU64, Ordering};
+
+/// A physical (bus) address as the device sees it.
+#[derive(Copy, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct PhysAddr(pub u64);
+
+impl PhysAddr {
+    /// The raw address.
+    #[must_use]
+    pub const fn get(self) -> u64 {
+        self.0
+    }
+
+    /// `self + off`, or `None` on overflow.
+    #[must_use]
+    pub const fn checked_add(self, off: u64) -> Option<Self> {
+        match self.0.checked_add(off) {
+            Some(a) => Some(Self(a)),
+            None => None,
+        }
+    }
+}
+
+impl fmt::Debug for PhysAddr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "PhysAddr({:#x})", self.0)
+    }
+}
+
+/// Why a DMA memory operation failed.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum DmaError {
+    /// The allocator has no memory left (or the request exceeds its limit).
+    OutOfMemory,
+    /// A zero-length allocation was requested.
+    ZeroLength,
+    /// The access reaches outside the buffer.
+    OutOfBounds,
+    /// A word access at an offset that is not a multiple of its size.
+    Misaligned,
+    /// The physical address is not backed by live memory (never allocated, or
+    /// freed). Only a device model reports this.
+    Unmapped,
+}
+
+impl fmt::Display for DmaError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let s = match self {
+            Self::OutOfMemory => "out of DMA memory",
+            Self::ZeroLength => "zero-length DMA allocation",
+            Self::OutOfBounds => "DMA access out of bounds",
+            Self::Misaligned => "misaligned DMA word access",
+            Self::Unmapped => "physical address not mapped",
+        };
+        f.write_str(s)
+    }
+}
+
+/// Anything that exposes shared memory as atomic words (a [`DmaBuffer`] on the
+/// driver side, the device model's view of the same memory on the other).
+/// Rings and doorbell records are generic over it, so the driver and the
+/// device run the same accessor code.
+pub trait SharedWords {
+    /// The memory, as atomic 64-bit words.
+    fn words(&self) -> &[AtomicU64];
+}
+
+impl SharedWords for [AtomicU64] {
+    fn words(&self) -> &[AtomicU64] {
+        self
+    }
+}
+
+impl<T: SharedWords + ?Sized> SharedWords for &T {
+    fn words(&self) -> &[AtomicU64] {
+        (**self).words()
+    }
+}
+
+impl<T: SharedWords + ?Sized> SharedWords for Arc<T> {
+    fn words(&self) -> &[AtomicU64] {
+        (**self).words()
+    }
+}
+
+/// The memory behind a [`DmaBuffer`], implemented by an allocator.
+///
+/// `words()` must return the same memory for the whole life of the object, at
+/// least `len()` bytes long; `release()` is called exactly once, when the
+/// owning [`DmaBuffer`] is dropped, and must make the memory unreachable to the
+/// device (its storage may live on until the last `Arc` is dropped, so an
+/// access already in flight completes on valid memory).
+pub trait DmaBacking: Send + Sync {
+    /// The memory, as atomic 64-bit words.
+    fn words(&self) -> &[AtomicU64];
+    /// Physical address of byte 0.
+    fn phys_addr(&self) -> PhysAddr;
+    /// Length in bytes (the words may extend up to 7 bytes past it).
+    fn len(&self) -> usize;
+    /// True if `len()` is zero.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Unmap the memory from the device's view. Called once, from `Drop`.
+    fn release(&self);
+}
+
+/// An owning handle to device-visible memory.
+///
+/// Not `Clone`: exactly one owner frees it. Dropping it unmaps the memory from
+/// the device (see [`DmaBacking::release`]).
+pub struct DmaBuffer {
+    backing: Arc<dyn DmaBacking>,
+}
+
+impl fmt::Debug for DmaBuffer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DmaBuffer")
+            .field("phys", &self.phys_addr())
+            .field("len", &self.len())
+            .finish()
+    }
+}
+
+impl Drop for DmaBuffer {
+    fn drop(&mut self) {
+        self.backing.release();
+    }
+}
+
+impl SharedWords for DmaBuffer {
+    fn words(&self) -> &[AtomicU64] {
+        self.backing.words()
+    }
+}
+
+impl DmaBuffer {
+    /// Wraps an allocator's backing object. Only allocators call this.
+    #[must_use]
+    pub fn from_backing(backing: Arc<dyn DmaBacking>) -> Self {
+        Self { backing }
+    }
+
+    /// Physical address of byte 0 (what goes into a data segment).
+    #[must_use]
+    pub fn phys_addr(&self) -> PhysAddr {
+        self.backing.phys_addr()
+    }
+
+    /// Length in bytes.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.backing.len()
+    }
+
+    /// True if the buffer has no bytes (allocators never hand these out).
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Copies `out.len()` bytes starting at `offset` out of the buffer.
+    ///
+    /// # Errors
+    /// [`DmaError::OutOfBounds`] if the range leaves the buffer.
+    ///
+    /// # IRQL
+    /// Any (never blocks).
+    pub fn read(&self, offset: usize, out: &mut [u8]) -> Result<(), DmaError> {
+        read_bytes(self.words(), self.len(), offset, out)
+    }
+
+    /// Copies `data` into the buffer at `offset` (relaxed stores; publish with
+    /// a barrier from [`crate::barrier`] before telling the device).
+    ///
+    /// # Errors
+    /// [`DmaError::OutOfBounds`] if the range leaves the buffer.
+    ///
+    /// # IRQL
+    /// Any (never blocks).
+    pub fn write(&self, offset: usize, data: &[u8]) -> Result<(), DmaError> {
+        write_bytes(self.words(), self.len(), offset, data)
+    }
+
+    /// Loads the 64-bit word at byte `offset` (a multiple of 8).
+    ///
+    /// # Errors
+    /// [`DmaError::Misaligned`] or [`DmaError::OutOfBounds`].
+    ///
+    /// # IRQL
+    /// Any (never blocks).
+    pub fn load_u64(&self, offset: usize, order: Ordering) -> Result<u64, DmaError> {
+        load_word(self.words(), offset, order)
+    }
+
+    /// Stores the 64-bit word at byte `offset` (a multiple of 8).
+    ///
+    /// # Errors
+    /// [`DmaError::Misaligned`] or [`DmaError::OutOfBounds`].
+    ///
+    /// # IRQL
+    /// Any (never blocks).
+    pub fn store_u64(&self, offset: usize, value: u64, order: Ordering) -> Result<(), DmaError> {
+        store_word(self.words(), offset, value, order)
+    }
+}
+
+/// Allocates device-visible memory. Object safe; a device hands one out
+/// ([`crate::device::HcaDevice::dma_allocator`]) so kverbs can allocate its
+/// own buffers (IUs, page lists) in memory the device can reach.
+///
+/// Every allocation starts on a 4 KiB boundary and is zero-filled.
+pub trait DmaAllocator: Send + Sync {
+    /// Allocates `len` bytes of zeroed, device-visible memory.
+    ///
+    /// # Errors
+    /// [`DmaError::ZeroLength`] for `len == 0`, [`DmaError::OutOfMemory`] when
+    /// the allocator cannot satisfy the request.
+    ///
+    /// # IRQL
+    /// PASSIVE_LEVEL only (may block; on Windows this is a common-buffer
+    /// allocation).
+    fn alloc(&self, len: usize) -> Result<DmaBuffer, DmaError>;
+}
+
+/// Loads the word at byte `offset` of `words`.
+///
+/// # Errors
+/// [`DmaError::Misaligned`] unless `offset % 8 == 0`; [`DmaError::OutOfBounds`].
+pub fn load_word(words: &[AtomicU64], offset: usize, order: Ordering) -> Result<u64, DmaError> {
+    if offset % 8 != 0 {
+        return Err(DmaError::Misaligned);
+    }
+    words
+        .get(offset / 8)
+        .map(|w| w.load(order))
+        .ok_or(DmaError::OutOfBounds)
+}
+
+/// Stores the word at byte `offset` of `words`.
+///
+/// # Errors
+/// [`DmaError::Misaligned`] unless `offset % 8 == 0`; [`DmaError::OutOfBounds`].
+pub fn store_word(
+    words: &[AtomicU64],
+    offset: usize,
+    value: u64,
+    order: Ordering,
+) -> Result<(), DmaError> {
+    if offset % 8 != 0 {
+        return Err(DmaError::Misaligned);
+    }
+    words
+        .get(offset / 8)
+        .map(|w| w.store(value, order))
+        .ok_or(DmaError::OutOfBounds)
+}
+
+/// Loads the big-endian 32-bit field at byte `offset` (a multiple of 4).
+///
+/// # Errors
+/// [`DmaError::Misaligned`] or [`DmaError::OutOfBounds`].
+pub fn load_be32(words: &[AtomicU64], offset: usize, order: Ordering) -> Result<u32, DmaError> {
+    if offset % 4 != 0 {
+        return Err(DmaError::Misaligned);
+    }
+    let w = words
+        .get(offset / 8)
+        .ok_or(DmaError::OutOfBounds)?
+        .load(order)
+        .to_ne_bytes();
+    let at = offset % 8;
+    let mut b = [0u8; 4];
+    b.copy_from_slice(w.get(at..at + 4).ok_or(DmaError::OutOfBounds)?);
+    Ok(u32::from_be_bytes(b))
+}
+
+/// Stores the big-endian 32-bit field at byte `offset` (a multiple of 4),
+/// leaving the other half of its word untouched even if another thread writes
+/// that half concurrently.
+///
+/// # Errors
+/// [`DmaError::Misaligned`] or [`DmaError::OutOfBounds`].
+pub fn store_be32(
+    words: &[AtomicU64],
+    offset: usize,
+    value: u32,
+    order: Ordering,
+) -> Result<(), DmaError> {
+    if offset % 4 != 0 {
+        return Err(DmaError::Misaligned);
+    }
+    let cell = words.get(offset / 8).ok_or(DmaError::OutOfBounds)?;
+    merge_into_word(cell, offset % 8, &value.to_be_bytes(), order);
+    Ok(())
+}
+
+/// Replaces bytes `at..at + src.len()` of one word with `src` atomically
+/// (a compare-and-swap loop; the other bytes are preserved).
+fn merge_into_word(cell: &AtomicU64, at: usize, src: &[u8], order: Ordering) {
+    let failure = match order {
+        Ordering::Release | Ordering::Relaxed => Ordering::Relaxed,
+        _ => Ordering::Acquire,
+    };
+    let mut cur = cell.load(Ordering::Relaxed);
+    loop {
+        let mut b = cur.to_ne_bytes();
+        if let Some(dst) = b.get_mut(at..at + src.len()) {
+            dst.copy_from_slice(src);
+        }
+        match cell.compare_exchange_weak(cur, u64::from_ne_bytes(b), order, failure) {
+            Ok(_) => return,
+            Err(seen) => cur = seen,
+        }
+    }
+}
+
+fn check_range(
+    words: &[AtomicU64],
+    limit: usize,
+    offset: usize,
+    len: usize,
+) -> Result<(), DmaError> {
+    let end = offset.checked_add(len).ok_or(DmaError::OutOfBounds)?;
+    if end > limit || end > words.len().saturating_mul(8) {
+        return Err(DmaError::OutOfBounds);
+    }
+    Ok(())
+}
+
+/// Copies bytes `offset..offset + out.len()` of `words` (bounded by `limit`
+/// bytes) into `out`, with relaxed word loads.
+///
+/// # Errors
+/// [`DmaError::OutOfBounds`] if the range leaves `limit` or the words.
+pub fn read_bytes(
+    words: &[AtomicU64],
+    limit: usize,
+    offset: usize,
+    out: &mut [u8],
+) -> Result<(), DmaError> {
+    check_range(words, limit, offset, out.len())?;
+    let mut pos = offset;
+    let mut done = 0;
+    while done < out.len() {
+        let at = pos % 8;
+        let n = (8 - at).min(out.len() - done);
+        let w = words
+            .get(pos / 8)
+            .ok_or(DmaError::OutOfBounds)?
+            .load(Ordering::Relaxed)
+            .to_ne_bytes();
+        let dst = out.get_mut(done..done + n).ok_or(DmaError::OutOfBounds)?;
+        dst.copy_from_slice(w.get(at..at + n).ok_or(DmaError::OutOfBounds)?);
+        pos += n;
+        done += n;
+    }
+    Ok(())
+}
+
+/// Copies `data` into bytes `offset..` of `words` (bounded by `limit` bytes):
+/// whole words with relaxed 64-bit stores, partial words with a
+/// compare-and-swap merge.
+///
+/// # Errors
+/// [`DmaError::OutOfBounds`] if the range leaves `limit` or the words.
+pub fn write_bytes(
+    words: &[AtomicU64],
+    limit: usize,
+    offset: usize,
+    data: &[u8],
+) -> Result<(), DmaError> {
+    check_range(words, limit, offset, data.len())?;
+    let mut pos = offset;
+    let mut done = 0;
+    while done < data.len() {
+        let at = pos % 8;
+        let n = (8 - at).min(data.len() - done);
+        let cell = words.get(pos / 8).ok_or(DmaError::OutOfBounds)?;
+        let src = data.get(done..done + n).ok_or(DmaError::OutOfBounds)?;
+        if n == 8 {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(src);
+            cell.store(u64::from_ne_bytes(w), Ordering::Relaxed);
+        } else {
+            merge_into_word(cell, at, src, Ordering::Relaxed);
+        }
+        pos += n;
+        done += n;
+    }
+    Ok(())
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use alloc::vec::Vec;
+
+    fn words(n: usize) -> Vec<AtomicU64> {
+        (0..n).map(|_| AtomicU64::new(0)).collect()
+    }
+
+    #[test]
+    fn byte_round_trip_across_word_boundaries() {
+        let w = words(4);
+        let data: Vec<u8> = (1..=21).collect();
+        write_bytes(&w, 32, 5, &data).unwrap();
+        let mut out = [0u8; 21];
+        read_bytes(&w, 32, 5, &mut out).unwrap();
+        assert_eq!(&out[..], &data[..]);
+        // Bytes around the write are untouched.
+        let mut all = [0xAAu8; 32];
+        read_bytes(&w, 32, 0, &mut all).unwrap();
+        assert_eq!(&all[..5], &[0; 5]);
+        assert_eq!(&all[26..], &[0; 6]);
+    }
+
+    #[test]
+    fn bounds_are_enforced() {
+        let w = words(2);
+        assert_eq!(write_bytes(&w, 12, 8, &[0; 5]), Err(DmaError::OutOfBounds));
+        assert_eq!(write_bytes(&w, 12, 8, &[0; 4]), Ok(()));
+        assert_eq!(
+            read_bytes(&w, 16, usize::MAX, &mut [0; 2]),
+            Err(DmaError::OutOfBounds)
+        );
+        assert_eq!(
+            load_word(&w, 4, Ordering::Relaxed),
+            Err(DmaError::Misaligned)
+        );
+        assert_eq!(
+            load_word(&w, 16, Ordering::Relaxed),
+            Err(DmaError::OutOfBounds)
+        );
+        assert_eq!(
+            store_be32(&w, 2, 0, Ordering::Relaxed),
+            Err(DmaError::Misaligned)
+        );
+    }
+
+    #[test]
+    fn be32_halves_are_independent() {
+        let w = words(1);
+        store_be32(&w, 0, 0x1122_3344, Ordering::Relaxed).unwrap();
+        store_be32(&w, 4, 0x5566_7788, Ordering::Relaxed).unwrap();
+        assert_eq!(load_be32(&w, 0, Ordering::Relaxed).unwrap(), 0x1122_3344);
+        assert_eq!(load_be32(&w, 4, Ordering::Relaxed).unwrap(), 0x5566_7788);
+        let mut b = [0u8; 8];
+        read_bytes(&w, 8, 0, &mut b).unwrap();
+        assert_eq!(b, [0x11, 0x22, 0x33, 0x44, 0x55, 0x66, 0x77, 0x88]);
+    }
+}

@@ -1,0 +1,599 @@
+//! Power-of-two rings over shared (DMA) memory: the send queue, the receive
+//! queue and the completion queue, as both the driver and the device use them.
+//!
+//! Counters are free-running (`u32`, wrapping); a slot is `counter & (n - 1)`.
+//! A send WQE that starts near the end of the ring continues at slot 0, as on
+//! mlx5 (`if (seg == qend) seg = start`).
+//!
+//! Copy-in is done with 64-bit atomic stores, 8 bytes at a time, never with a
+//! `memcpy` (the BlueFlame rule: string-move instructions give no ordering,
+//! and here the memory is shared with a device). Publication follows
+//! [`crate::barrier`]: WQEs, `to_device`, doorbell record, doorbell register;
+//! the device writes a CQE's first seven words and then the word holding
+//! `op_own` with Release; the driver checks ownership and only then, after
+//! `from_device`, reads the rest.
+
+#![forbid(unsafe_code)]
+
+use core::fmt;
+
+use crate::barrier;
+use crate::cqe::{CQE_SIZE, Cqe, CqeOpcode, OWNER_WORD, owned_by_software, owner_bit};
+use crate::dma::{DmaError, SharedWords};
+use crate::recv::{MAX_RECV_SGE, RecvWqe, emit_recv_wqe};
+use crate::sync::atomic::Ordering;
+use crate::view::FormatError;
+use crate::wqe::{DataSegRepr, WQEBB_SIZE};
+
+/// Why a ring operation failed.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum RingError {
+    /// Entry count not a power of two, or the memory is too small for it.
+    BadGeometry,
+    /// The entry is larger than the ring (or the receive stride).
+    TooLarge,
+    /// A send WQE whose length is not a multiple of 8 bytes.
+    Misaligned,
+    /// The entry's contents are malformed.
+    Format(FormatError),
+    /// The memory refused the access.
+    Dma(DmaError),
+}
+
+impl From<FormatError> for RingError {
+    fn from(e: FormatError) -> Self {
+        Self::Format(e)
+    }
+}
+
+impl From<DmaError> for RingError {
+    fn from(e: DmaError) -> Self {
+        Self::Dma(e)
+    }
+}
+
+impl fmt::Display for RingError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::BadGeometry => {
+                f.write_str("ring size is not a power of two or exceeds its memory")
+            }
+            Self::TooLarge => f.write_str("entry larger than the ring slot"),
+            Self::Misaligned => f.write_str("entry length not a multiple of 8"),
+            Self::Format(e) => write!(f, "malformed entry: {e}"),
+            Self::Dma(e) => write!(f, "ring memory: {e}"),
+        }
+    }
+}
+
+fn check_geometry(words: usize, entries: u32, entry_bytes: usize) -> Result<(), RingError> {
+    if entries == 0 || !entries.is_power_of_two() {
+        return Err(RingError::BadGeometry);
+    }
+    let need = (entries as usize)
+        .checked_mul(entry_bytes)
+        .ok_or(RingError::BadGeometry)?;
+    if words.saturating_mul(8) < need {
+        return Err(RingError::BadGeometry);
+    }
+    Ok(())
+}
+
+/// The send queue: `wqebb_count` 64-byte basic blocks.
+#[derive(Debug)]
+pub struct SendRing<M: SharedWords> {
+    mem: M,
+    wqebb_count: u32,
+}
+
+impl<M: SharedWords> SendRing<M> {
+    /// Wraps memory holding `wqebb_count` (a power of two) WQEBBs.
+    ///
+    /// # Errors
+    /// [`RingError::BadGeometry`].
+    pub fn new(mem: M, wqebb_count: u32) -> Result<Self, RingError> {
+        check_geometry(mem.words().len(), wqebb_count, WQEBB_SIZE)?;
+        Ok(Self { mem, wqebb_count })
+    }
+
+    /// Number of WQEBBs.
+    pub fn wqebb_count(&self) -> u32 {
+        self.wqebb_count
+    }
+
+    /// The memory.
+    pub fn mem(&self) -> &M {
+        &self.mem
+    }
+
+    fn ring_words(&self) -> usize {
+        self.wqebb_count as usize * (WQEBB_SIZE / 8)
+    }
+
+    /// Copies a built WQE into the ring at WQEBB counter `counter`, wrapping to
+    /// slot 0 past the end, with relaxed 64-bit stores. Publish it with
+    /// [`barrier::to_device`] and the doorbell record.
+    ///
+    /// # Errors
+    /// [`RingError::Misaligned`] unless `wqe.len() % 8 == 0`;
+    /// [`RingError::TooLarge`] if it is larger than the ring.
+    ///
+    /// # IRQL
+    /// Any (never blocks).
+    pub fn write_wqe(&self, counter: u32, wqe: &[u8]) -> Result<(), RingError> {
+        if wqe.len() % 8 != 0 {
+            return Err(RingError::Misaligned);
+        }
+        let ring_words = self.ring_words();
+        if wqe.len() / 8 > ring_words {
+            return Err(RingError::TooLarge);
+        }
+        let words = self.mem.words();
+        let start = (counter & (self.wqebb_count - 1)) as usize * (WQEBB_SIZE / 8);
+        for (i, chunk) in wqe.chunks_exact(8).enumerate() {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(chunk);
+            let cell = words
+                .get((start + i) % ring_words)
+                .ok_or(RingError::Dma(DmaError::OutOfBounds))?;
+            cell.store(u64::from_ne_bytes(w), Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    /// Copies `out.len()` bytes of the ring starting at WQEBB counter
+    /// `counter` (with wrap-around) into `out` — the device's fetch.
+    ///
+    /// # Errors
+    /// [`RingError::Misaligned`] unless `out.len() % 8 == 0`;
+    /// [`RingError::TooLarge`] if longer than the ring.
+    pub fn read_wqe(&self, counter: u32, out: &mut [u8]) -> Result<(), RingError> {
+        if out.len() % 8 != 0 {
+            return Err(RingError::Misaligned);
+        }
+        let ring_words = self.ring_words();
+        if out.len() / 8 > ring_words {
+            return Err(RingError::TooLarge);
+        }
+        let words = self.mem.words();
+        let start = (counter & (self.wqebb_count - 1)) as usize * (WQEBB_SIZE / 8);
+        for (i, chunk) in out.chunks_exact_mut(8).enumerate() {
+            let cell = words
+                .get((start + i) % ring_words)
+                .ok_or(RingError::Dma(DmaError::OutOfBounds))?;
+            chunk.copy_from_slice(&cell.load(Ordering::Relaxed).to_ne_bytes());
+        }
+        Ok(())
+    }
+}
+
+/// The receive queue: `entries` slots of `stride` bytes (both powers of two).
+#[derive(Debug)]
+pub struct RecvRing<M: SharedWords> {
+    mem: M,
+    entries: u32,
+    stride: usize,
+}
+
+/// Largest receive WQE stride.
+pub const MAX_RECV_STRIDE: usize = MAX_RECV_SGE * DataSegRepr::LEN;
+
+impl<M: SharedWords> RecvRing<M> {
+    /// Wraps memory holding `entries` slots of `stride` bytes.
+    ///
+    /// # Errors
+    /// [`RingError::BadGeometry`] unless both are powers of two, the stride is
+    /// 16..=256 bytes and the memory is large enough.
+    pub fn new(mem: M, entries: u32, stride: usize) -> Result<Self, RingError> {
+        if !stride.is_power_of_two() || !(DataSegRepr::LEN..=MAX_RECV_STRIDE).contains(&stride) {
+            return Err(RingError::BadGeometry);
+        }
+        check_geometry(mem.words().len(), entries, stride)?;
+        Ok(Self {
+            mem,
+            entries,
+            stride,
+        })
+    }
+
+    /// Number of slots.
+    pub fn entries(&self) -> u32 {
+        self.entries
+    }
+
+    /// Bytes per slot.
+    pub fn stride(&self) -> usize {
+        self.stride
+    }
+
+    /// Scatter segments a slot can hold.
+    pub fn max_sge(&self) -> usize {
+        self.stride / DataSegRepr::LEN
+    }
+
+    /// The memory.
+    pub fn mem(&self) -> &M {
+        &self.mem
+    }
+
+    /// Writes a receive WQE (the segments plus terminator) at counter `counter`.
+    ///
+    /// # Errors
+    /// [`RingError::TooLarge`] if the segments do not fit a slot.
+    ///
+    /// # IRQL
+    /// Any (never blocks).
+    pub fn write_wqe(&self, counter: u32, sges: &[DataSegRepr]) -> Result<(), RingError> {
+        let mut slot = [0u8; MAX_RECV_STRIDE];
+        let buf = slot.get_mut(..self.stride).ok_or(RingError::TooLarge)?;
+        let n = emit_recv_wqe(sges, buf).map_err(|_| RingError::TooLarge)?;
+        let at = (counter & (self.entries - 1)) as usize * self.stride;
+        let data = buf
+            .get(..n.next_multiple_of(8))
+            .ok_or(RingError::TooLarge)?;
+        let words = self.mem.words();
+        for (i, chunk) in data.chunks_exact(8).enumerate() {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(chunk);
+            let cell = words
+                .get(at / 8 + i)
+                .ok_or(RingError::Dma(DmaError::OutOfBounds))?;
+            cell.store(u64::from_ne_bytes(w), Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    /// Reads and decodes the receive WQE at counter `counter` (device side).
+    ///
+    /// # Errors
+    /// [`RingError::Format`] for a malformed WQE.
+    pub fn read_wqe(&self, counter: u32) -> Result<RecvWqe, RingError> {
+        let mut slot = [0u8; MAX_RECV_STRIDE];
+        let buf = slot.get_mut(..self.stride).ok_or(RingError::TooLarge)?;
+        let at = (counter & (self.entries - 1)) as usize * self.stride;
+        let words = self.mem.words();
+        for (i, chunk) in buf.chunks_exact_mut(8).enumerate() {
+            let cell = words
+                .get(at / 8 + i)
+                .ok_or(RingError::Dma(DmaError::OutOfBounds))?;
+            chunk.copy_from_slice(&cell.load(Ordering::Relaxed).to_ne_bytes());
+        }
+        Ok(RecvWqe::parse(buf)?)
+    }
+}
+
+/// The completion queue: `entries` 64-byte CQEs.
+#[derive(Debug)]
+pub struct CqRing<M: SharedWords> {
+    mem: M,
+    entries: u32,
+}
+
+impl<M: SharedWords> CqRing<M> {
+    /// Wraps memory holding `entries` CQEs (power of two).
+    ///
+    /// # Errors
+    /// [`RingError::BadGeometry`].
+    pub fn new(mem: M, entries: u32) -> Result<Self, RingError> {
+        check_geometry(mem.words().len(), entries, CQE_SIZE)?;
+        Ok(Self { mem, entries })
+    }
+
+    /// Number of CQEs.
+    pub fn entries(&self) -> u32 {
+        self.entries
+    }
+
+    /// The memory.
+    pub fn mem(&self) -> &M {
+        &self.mem
+    }
+
+    /// Marks every CQE invalid (opcode [`CqeOpcode::Invalid`], owner 0), as
+    /// software must before handing the ring to the device.
+    pub fn init_invalid(&self) {
+        let words = self.mem.words();
+        for i in 0..self.entries as usize {
+            for w in 0..CQE_SIZE / 8 {
+                let v = if w == OWNER_WORD {
+                    let mut b = [0u8; 8];
+                    b[7] = (CqeOpcode::Invalid as u8) << 4;
+                    u64::from_ne_bytes(b)
+                } else {
+                    0
+                };
+                if let Some(cell) = words.get(i * (CQE_SIZE / 8) + w) {
+                    cell.store(v, Ordering::Relaxed);
+                }
+            }
+        }
+        barrier::to_device();
+    }
+
+    /// Returns the CQE at consumer counter `counter` if it belongs to software
+    /// (owner-bit parity and opcode), reading its contents only after the
+    /// ownership check and [`barrier::from_device`].
+    ///
+    /// # IRQL
+    /// Any (never blocks).
+    pub fn poll(&self, counter: u32) -> Option<Cqe<[u8; CQE_SIZE]>> {
+        let words = self.mem.words();
+        let base = (counter & (self.entries - 1)) as usize * (CQE_SIZE / 8);
+        let owner_word = words.get(base + OWNER_WORD)?.load(Ordering::Relaxed);
+        let op_own = owner_word.to_ne_bytes()[7];
+        if !owned_by_software(op_own, counter, self.entries) {
+            return None;
+        }
+        barrier::from_device();
+        let mut out = [0u8; CQE_SIZE];
+        for (i, chunk) in out.chunks_exact_mut(8).enumerate() {
+            let v = if i == OWNER_WORD {
+                owner_word
+            } else {
+                words.get(base + i)?.load(Ordering::Relaxed)
+            };
+            chunk.copy_from_slice(&v.to_ne_bytes());
+        }
+        Some(Cqe::new_unchecked(out))
+    }
+
+    /// Device side: writes `cqe` at producer counter `counter`, setting the
+    /// owner bit to the counter's wrap parity, payload words first and the
+    /// `op_own` word last with Release.
+    ///
+    /// # Errors
+    /// [`RingError::Dma`] if the memory is too small (cannot happen for a ring
+    /// built by [`Self::new`]).
+    pub fn write_cqe(&self, counter: u32, cqe: &[u8; CQE_SIZE]) -> Result<(), RingError> {
+        let words = self.mem.words();
+        let base = (counter & (self.entries - 1)) as usize * (CQE_SIZE / 8);
+        let mut bytes = *cqe;
+        let own = u8::from(owner_bit(counter, self.entries));
+        bytes[CQE_SIZE - 1] = (bytes[CQE_SIZE - 1] & !1) | own;
+        for (i, chunk) in bytes.chunks_exact(8).enumerate() {
+            if i == OWNER_WORD {
+                continue;
+            }
+            let mut w = [0u8; 8];
+            w.copy_from_slice(chunk);
+            words
+                .get(base + i)
+                .ok_or(RingError::Dma(DmaError::OutOfBounds))?
+                .store(u64::from_ne_bytes(w), Ordering::Relaxed);
+        }
+        let mut w = [0u8; 8];
+        w.copy_from_slice(&bytes[OWNER_WORD * 8..]);
+        words
+            .get(base + OWNER_WORD)
+            .ok_or(RingError::Dma(DmaError::OutOfBounds))?
+            .store(u64::from_ne_bytes(w), Ordering::Release);
+        Ok(())
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use crate::cqe::CqeRepr;
+    use crate::sync::atomic::AtomicU64;
+    use crate::wqe::{CtrlFlags, SendOpcode, SendWqe, SendWqeBuilder};
+    use alloc::vec::Vec;
+
+    fn mem(words: usize) -> Vec<AtomicU64> {
+        (0..words).map(|_| AtomicU64::new(0)).collect()
+    }
+
+    #[test]
+    fn geometry_checks() {
+        let m = mem(64);
+        assert!(SendRing::new(&m[..], 8).is_ok());
+        assert_eq!(
+            SendRing::new(&m[..], 16).err(),
+            Some(RingError::BadGeometry)
+        );
+        assert_eq!(SendRing::new(&m[..], 6).err(), Some(RingError::BadGeometry));
+        assert_eq!(
+            RecvRing::new(&m[..], 8, 24).err(),
+            Some(RingError::BadGeometry)
+        );
+        assert_eq!(
+            RecvRing::new(&m[..], 8, 512).err(),
+            Some(RingError::BadGeometry)
+        );
+        assert!(CqRing::new(&m[..], 8).is_ok());
+        assert_eq!(CqRing::new(&m[..], 0).err(), Some(RingError::BadGeometry));
+    }
+
+    #[test]
+    fn wqe_wraps_to_slot_zero() {
+        let m = mem(4 * 8);
+        let ring = SendRing::new(&m[..], 4).unwrap();
+        let mut b = SendWqeBuilder::new(SendOpcode::Send, 3, 5, CtrlFlags::CQ_UPDATE, 0);
+        b.inline(&[0x11; 100]).unwrap();
+        let bytes = b.finish().unwrap().to_vec();
+        assert_eq!(bytes.len(), 128);
+        // Counter 7 -> slot 3 (the last): the second block lands in slot 0.
+        ring.write_wqe(7, &bytes).unwrap();
+        let mut slot0 = [0u8; 64];
+        crate::dma::read_bytes(&m, 256, 0, &mut slot0).unwrap();
+        assert_eq!(&slot0[..], &bytes[64..]);
+        let mut back = [0u8; 128];
+        ring.read_wqe(7, &mut back).unwrap();
+        assert_eq!(&back[..], &bytes[..]);
+        let w = SendWqe::parse(&back, false).unwrap();
+        assert_eq!(w.ctrl.wqe_index, 3);
+        assert_eq!(ring.write_wqe(0, &[0; 12]), Err(RingError::Misaligned));
+        assert_eq!(ring.write_wqe(0, &[0; 264]), Err(RingError::TooLarge));
+    }
+
+    #[test]
+    fn recv_ring_round_trip() {
+        let m = mem(4 * 4);
+        let ring = RecvRing::new(&m[..], 4, 32).unwrap();
+        let seg = DataSegRepr {
+            byte_count: 256,
+            lkey: 3,
+            addr: 0x4000,
+        };
+        ring.write_wqe(5, &[seg]).unwrap();
+        let w = ring.read_wqe(5).unwrap();
+        assert_eq!(&w.sges[..], &[seg]);
+        assert_eq!(ring.write_wqe(0, &[seg; 3]), Err(RingError::TooLarge));
+    }
+
+    #[test]
+    fn cq_ownership_across_laps() {
+        let m = mem(2 * 8);
+        let ring = CqRing::new(&m[..], 2).unwrap();
+        ring.init_invalid();
+        assert!(ring.poll(0).is_none());
+        let mut c = [0u8; 64];
+        CqeRepr {
+            opcode: CqeOpcode::Req,
+            solicited: false,
+            wqe_opcode: 0x0a,
+            qpn: 3,
+            wqe_counter: 0,
+            byte_cnt: 0,
+            imm_inval_pkey: 0,
+            src_qpn: 0,
+            grh: false,
+            syndrome: 0,
+            vendor_syndrome: 0,
+        }
+        .emit(&mut Cqe::new_unchecked(&mut c[..]), false);
+        for counter in 0..6u32 {
+            // Before the device writes it, the slot holds last lap's CQE (or
+            // the invalid init): never software's.
+            assert!(ring.poll(counter).is_none(), "counter {counter}");
+            c[61] = counter as u8;
+            ring.write_cqe(counter, &c).unwrap();
+            let got = ring.poll(counter).unwrap();
+            assert_eq!(got.wqe_counter(), counter as u16);
+            assert_eq!(got.owner(), counter & 2 != 0);
+            // The next counter's slot is the other one, still stale.
+            assert!(ring.poll(counter + 1).is_none());
+        }
+    }
+}
+
+/// Real threads over the same ring code (what Miri checks for data races
+/// and weak-memory effects).
+#[cfg(all(test, not(loom)))]
+mod thread_tests {
+    use super::*;
+    use crate::cqe::CqeRepr;
+    use crate::doorbell::CqDoorbellRecord;
+    use crate::sync::atomic::AtomicU64;
+    use alloc::sync::Arc;
+    use alloc::vec::Vec;
+
+    #[test]
+    fn cq_producer_consumer_threads() {
+        const ENTRIES: u32 = 4;
+        let total: u32 = if cfg!(miri) { 12 } else { 2000 };
+        let ring_mem: Arc<[AtomicU64]> = (0..ENTRIES as usize * 8)
+            .map(|_| AtomicU64::new(0))
+            .collect::<Vec<_>>()
+            .into();
+        let dbr_mem: Arc<[AtomicU64]> =
+            (0..1).map(|_| AtomicU64::new(0)).collect::<Vec<_>>().into();
+        CqRing::new(ring_mem.clone(), ENTRIES)
+            .unwrap()
+            .init_invalid();
+        let (rm, dm) = (ring_mem.clone(), dbr_mem.clone());
+        let device = std::thread::spawn(move || {
+            let ring = CqRing::new(rm, ENTRIES).unwrap();
+            let dbr = CqDoorbellRecord::new(dm).unwrap();
+            for pi in 0..total {
+                while pi.wrapping_sub(dbr.ci()) >= ENTRIES {
+                    std::thread::yield_now();
+                }
+                let mut b = [0u8; CQE_SIZE];
+                CqeRepr {
+                    opcode: CqeOpcode::Req,
+                    solicited: false,
+                    wqe_opcode: 0,
+                    qpn: pi & 0xff_ffff,
+                    wqe_counter: pi as u16,
+                    byte_cnt: pi,
+                    imm_inval_pkey: !pi,
+                    src_qpn: 0,
+                    grh: false,
+                    syndrome: 0,
+                    vendor_syndrome: 0,
+                }
+                .emit(&mut Cqe::new_unchecked(&mut b[..]), false);
+                ring.write_cqe(pi, &b).unwrap();
+            }
+        });
+        let ring = CqRing::new(ring_mem, ENTRIES).unwrap();
+        let dbr = CqDoorbellRecord::new(dbr_mem).unwrap();
+        let mut ci = 0;
+        while ci < total {
+            if let Some(c) = ring.poll(ci) {
+                let r = CqeRepr::parse(&c).unwrap();
+                assert_eq!(
+                    (r.byte_cnt, r.imm_inval_pkey, r.wqe_counter),
+                    (ci, !ci, ci as u16)
+                );
+                ci += 1;
+                dbr.set_ci(ci);
+            } else {
+                std::thread::yield_now();
+            }
+        }
+        device.join().unwrap();
+    }
+
+    #[test]
+    fn send_queue_publication_threads() {
+        use crate::doorbell::QpDoorbellRecord;
+        use crate::wqe::{CtrlFlags, SendOpcode, SendWqeBuilder};
+        let rounds: u32 = if cfg!(miri) { 6 } else { 500 };
+        // Ring of 4 WQEBBs; each WQE takes 2, so two are in flight at most.
+        let sq_mem: Arc<[AtomicU64]> = (0..4 * 8)
+            .map(|_| AtomicU64::new(0))
+            .collect::<Vec<_>>()
+            .into();
+        let dbr_mem: Arc<[AtomicU64]> =
+            (0..1).map(|_| AtomicU64::new(0)).collect::<Vec<_>>().into();
+        // The device reports how many WQEs it has consumed (a completion).
+        let done: Arc<AtomicU64> = Arc::new(AtomicU64::new(0));
+        let (sm, dm, dn) = (sq_mem.clone(), dbr_mem.clone(), done.clone());
+        let build = |i: u32| {
+            let mut b =
+                SendWqeBuilder::new(SendOpcode::Send, (i * 2) as u16, 9, CtrlFlags::empty(), i);
+            b.inline(&[i as u8; 100]).unwrap();
+            b.finish().unwrap().to_vec()
+        };
+        let device = std::thread::spawn(move || {
+            let sq = SendRing::new(sm, 4).unwrap();
+            let dbr = QpDoorbellRecord::new(dm).unwrap();
+            let mut next = 0u32;
+            while next < rounds {
+                if dbr.sq_head() != (next * 2) as u16 {
+                    let want = build(next);
+                    let mut got = [0u8; 128];
+                    sq.read_wqe(next * 2, &mut got).unwrap();
+                    assert_eq!(&got[..], &want[..], "WQE {next}");
+                    next += 1;
+                    dn.store(u64::from(next), crate::sync::atomic::Ordering::Release);
+                } else {
+                    std::thread::yield_now();
+                }
+            }
+        });
+        let sq = SendRing::new(sq_mem, 4).unwrap();
+        let dbr = QpDoorbellRecord::new(dbr_mem).unwrap();
+        for i in 0..rounds {
+            while u64::from(i) - done.load(crate::sync::atomic::Ordering::Acquire) >= 2 {
+                std::thread::yield_now();
+            }
+            sq.write_wqe(i * 2, &build(i)).unwrap();
+            crate::barrier::to_device();
+            dbr.set_sq_head(((i + 1) * 2) as u16);
+        }
+        device.join().unwrap();
+    }
+}

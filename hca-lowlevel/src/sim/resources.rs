@@ -1,0 +1,306 @@
+//! The software HCA's objects other than QPs: completion queues and memory
+//! regions (with every protection check).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use crate::cqe::{CQE_SIZE, Cqe, CqeOpcode, CqeRepr};
+use crate::device::{AccessFlags, AsyncEvent, CqEventHandler};
+use crate::dma::DmaError;
+use crate::doorbell::{CqArm, CqDoorbellRecord, DoorbellRegister};
+use crate::ring::CqRing;
+
+use super::mem::{DeviceMem, PhysMemory};
+use super::world::{Event, Outbox, Shared};
+
+/// Index part of the reserved (physical, local-only) lkey.
+pub const RESERVED_LKEY: u32 = 0x0000_0200;
+/// First mkey index handed out.
+pub(crate) const FIRST_MKEY_INDEX: u32 = 0x10;
+
+/// What the event path needs of a CQ, shared with the delivery code.
+pub(crate) struct CqShared {
+    pub cqn: u32,
+    pub handler: Arc<dyn CqEventHandler>,
+    /// False once destroyed: no event is delivered after that.
+    pub alive: AtomicBool,
+    /// Last arm doorbell value with bit 63 set, or 0.
+    pub pending_arm: AtomicU64,
+}
+
+/// The CQ arm doorbell register.
+pub(crate) struct CqDoorbell {
+    pub cq: Arc<CqShared>,
+    pub shared: std::sync::Weak<Shared>,
+}
+
+impl DoorbellRegister for CqDoorbell {
+    fn write64(&self, value: u64) {
+        let (_, cqn) = CqArm::from_doorbell_value(value);
+        if cqn != self.cq.cqn {
+            // A doorbell for another CQ on this register: hardware would arm
+            // whatever CQ the value names; this device ignores it and counts it.
+            if let Some(s) = self.shared.upgrade() {
+                s.bad_doorbells.fetch_add(1, Ordering::Relaxed);
+            }
+            return;
+        }
+        self.cq
+            .pending_arm
+            .store(value | (1 << 63), Ordering::Release);
+        if let Some(s) = self.shared.upgrade() {
+            s.kick();
+        }
+    }
+}
+
+pub(crate) struct Cq {
+    pub shared: Arc<CqShared>,
+    pub ring: CqRing<DeviceMem>,
+    pub dbr: CqDoorbellRecord<DeviceMem>,
+    /// Producer counter.
+    pub pi: u32,
+    pub armed: Option<CqArm>,
+    pub last_fired_sn: Option<u8>,
+    pub error: bool,
+    /// QPs attached.
+    pub users: u32,
+}
+
+impl Cq {
+    fn outstanding(&self) -> u32 {
+        self.pi.wrapping_sub(self.dbr.ci()) & 0xff_ffff
+    }
+
+    /// Applies a pending arm doorbell, if any.
+    pub fn process_arm(&mut self, out: &mut Outbox) {
+        let v = self.shared.pending_arm.swap(0, Ordering::AcqRel);
+        if v & (1 << 63) == 0 {
+            return;
+        }
+        let (arm, _) = CqArm::from_doorbell_value(v & !(1 << 63));
+        if self.last_fired_sn == Some(arm.sn) {
+            // A stale or duplicated arm for an event already delivered.
+            return;
+        }
+        self.armed = Some(arm);
+        // Arming with CQEs already past the armed consumer index fires at once.
+        if self.pi.wrapping_sub(arm.ci) & 0xff_ffff != 0 {
+            self.fire(out);
+        }
+    }
+
+    fn fire(&mut self, out: &mut Outbox) {
+        if let Some(arm) = self.armed.take() {
+            self.last_fired_sn = Some(arm.sn);
+            out.events.push(Event::Completion(self.shared.clone()));
+        }
+    }
+
+    /// Writes a CQE; `Err` if the CQ is in error or overflows (it then enters
+    /// the error state and raises [`AsyncEvent::CqError`]).
+    pub fn push(
+        &mut self,
+        repr: &CqeRepr,
+        async_handler: &Option<Arc<dyn crate::device::AsyncEventHandler>>,
+        out: &mut Outbox,
+    ) -> Result<(), ()> {
+        if self.error {
+            return Err(());
+        }
+        if self.outstanding() >= self.ring.entries() || !self.ring.mem().alive() {
+            self.error = true;
+            if let Some(h) = async_handler {
+                out.events.push(Event::Async(
+                    h.clone(),
+                    AsyncEvent::CqError {
+                        cqn: self.shared.cqn,
+                    },
+                ));
+            }
+            return Err(());
+        }
+        let mut bytes = [0u8; CQE_SIZE];
+        repr.emit(&mut Cqe::new_unchecked(&mut bytes[..]), false);
+        if self.ring.write_cqe(self.pi, &bytes).is_err() {
+            self.error = true;
+            return Err(());
+        }
+        self.pi = self.pi.wrapping_add(1);
+        if let Some(arm) = self.armed {
+            if !arm.solicited_only || repr.solicited || repr.opcode.is_error() {
+                self.fire(out);
+            }
+        }
+        Ok(())
+    }
+
+    /// Moves to a new ring (see `HcaDevice::resize_cq`).
+    pub fn resize(&mut self, new_ring: CqRing<DeviceMem>) -> Result<(), crate::device::HcaError> {
+        if self.outstanding() >= self.ring.entries() {
+            return Err(crate::device::HcaError::Busy);
+        }
+        if self.outstanding() + 1 > new_ring.entries() {
+            return Err(crate::device::HcaError::InvalidSize);
+        }
+        let resize = CqeRepr {
+            opcode: CqeOpcode::ResizeCq,
+            solicited: false,
+            wqe_opcode: 0,
+            qpn: 0,
+            wqe_counter: 0,
+            byte_cnt: 0,
+            imm_inval_pkey: 0,
+            src_qpn: 0,
+            grh: false,
+            syndrome: 0,
+            vendor_syndrome: 0,
+        };
+        let mut bytes = [0u8; CQE_SIZE];
+        resize.emit(&mut Cqe::new_unchecked(&mut bytes[..]), false);
+        self.ring
+            .write_cqe(self.pi, &bytes)
+            .map_err(|_| crate::device::HcaError::InvalidSize)?;
+        self.pi = self.pi.wrapping_add(1);
+        self.ring = new_ring;
+        Ok(())
+    }
+}
+
+/// Why a key check failed (all map to protection errors).
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub(crate) enum KeyError {
+    /// No MR with that index, or a stale key byte.
+    NoSuchKey,
+    /// The MR is invalid (free fast-registration mkey, or invalidated).
+    Invalid,
+    /// Another PD.
+    WrongPd,
+    /// Rights missing.
+    Access,
+    /// Outside the region.
+    Bounds,
+    /// The reserved lkey used remotely.
+    Reserved,
+    /// Memory behind the MR is gone.
+    Unmapped,
+}
+
+impl From<DmaError> for KeyError {
+    fn from(_: DmaError) -> Self {
+        Self::Unmapped
+    }
+}
+
+pub(crate) struct Mr {
+    pub index: u32,
+    pub key: u8,
+    pub pd: u32,
+    /// `Some(max_pages)` for a fast-registration mkey.
+    pub fast_reg: Option<u32>,
+    pub valid: bool,
+    pub iova: u64,
+    pub length: u64,
+    pub page_shift: u8,
+    pub pages: Vec<u64>,
+    pub access: AccessFlags,
+}
+
+impl Mr {
+    pub fn mkey(&self) -> u32 {
+        (self.index << 8) | u32::from(self.key)
+    }
+
+    /// Calls `f(phys, len, offset_in_request)` for each physically contiguous
+    /// piece of `va..va+len` (bounds already checked).
+    fn walk(
+        &self,
+        va: u64,
+        len: u64,
+        mut f: impl FnMut(u64, usize, usize) -> Result<(), KeyError>,
+    ) -> Result<(), KeyError> {
+        let mask = (1u64 << self.page_shift) - 1;
+        let mut off = (self.iova & mask) + (va - self.iova);
+        let mut done = 0u64;
+        while done < len {
+            let page = usize::try_from(off >> self.page_shift).map_err(|_| KeyError::Bounds)?;
+            let within = off & mask;
+            let n = (mask + 1 - within).min(len - done);
+            let base = *self.pages.get(page).ok_or(KeyError::Bounds)?;
+            f(base + within, n as usize, done as usize)?;
+            off += n;
+            done += n;
+        }
+        Ok(())
+    }
+}
+
+/// Resolves and checks a key. `remote` selects rkey rules (the reserved
+/// lkey is never valid remotely).
+pub(crate) fn check_key(
+    mrs: &std::collections::BTreeMap<u32, Mr>,
+    key: u32,
+    pd: u32,
+    need: AccessFlags,
+    va: u64,
+    len: u64,
+    remote: bool,
+) -> Result<Option<&Mr>, KeyError> {
+    if key == RESERVED_LKEY {
+        return if remote {
+            Err(KeyError::Reserved)
+        } else {
+            Ok(None)
+        };
+    }
+    let mr = mrs.get(&(key >> 8)).ok_or(KeyError::NoSuchKey)?;
+    if u32::from(mr.key) != key & 0xff {
+        return Err(KeyError::NoSuchKey);
+    }
+    if !mr.valid {
+        return Err(KeyError::Invalid);
+    }
+    if mr.pd != pd {
+        return Err(KeyError::WrongPd);
+    }
+    if !mr.access.contains(need) {
+        return Err(KeyError::Access);
+    }
+    let end = va.checked_add(len).ok_or(KeyError::Bounds)?;
+    if va < mr.iova || end > mr.iova.saturating_add(mr.length) {
+        return Err(KeyError::Bounds);
+    }
+    Ok(Some(mr))
+}
+
+/// Reads `out.len()` bytes at `va` through `mr` (or physically for `None`).
+pub(crate) fn mr_read(
+    mem: &PhysMemory,
+    mr: Option<&Mr>,
+    va: u64,
+    out: &mut [u8],
+) -> Result<(), KeyError> {
+    match mr {
+        None => Ok(mem.read(va, out)?),
+        Some(mr) => mr.walk(va, out.len() as u64, |pa, n, at| {
+            let dst = out.get_mut(at..at + n).ok_or(KeyError::Bounds)?;
+            Ok(mem.read(pa, dst)?)
+        }),
+    }
+}
+
+/// Writes `data` at `va` through `mr` (or physically for `None`).
+pub(crate) fn mr_write(
+    mem: &PhysMemory,
+    mr: Option<&Mr>,
+    va: u64,
+    data: &[u8],
+) -> Result<(), KeyError> {
+    match mr {
+        None => Ok(mem.write(va, data)?),
+        Some(mr) => mr.walk(va, data.len() as u64, |pa, n, at| {
+            let src = data.get(at..at + n).ok_or(KeyError::Bounds)?;
+            Ok(mem.write(pa, src)?)
+        }),
+    }
+}

@@ -1,0 +1,544 @@
+//! The simulated world: every HCA of a fabric, the packets in flight between
+//! them, the clock, and the engine loop that runs it all.
+//!
+//! One mutex guards the world. The engine runs under it; events (completion
+//! and asynchronous) are collected and delivered after it is released, so a
+//! handler may ring a doorbell without deadlocking. A doorbell never blocks:
+//! it sets a flag and either wakes the device thread or (stepped-inline mode)
+//! runs the engine on the calling thread if no one else is running it.
+
+use std::cell::Cell;
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap, HashMap};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Instant;
+
+use crate::device::{AsyncEvent, AsyncEventHandler, GSI_QPN, Gid, Mtu, PortState};
+use crate::wire::{EthernetAddress, IbPacketRepr, Ipv4Address, RoceV2FrameRepr, Transport};
+
+use super::fault::{FaultConfig, Faults};
+use super::mem::PhysMemory;
+use super::qp::{Ctx, Qp};
+use super::resources::{Cq, CqShared, Mr};
+
+/// How the device model runs.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum ExecMode {
+    /// A device thread runs the engine whenever a doorbell rings or a timer
+    /// is due (hardware-like concurrency; real time).
+    Thread,
+    /// The test runs the engine ([`super::Fabric::run_until_idle`],
+    /// [`super::Fabric::advance`]) on a virtual clock; optionally inline in
+    /// the doorbell write ([`super::Fabric::set_inline_doorbells`]).
+    Stepped,
+}
+
+/// An event to deliver once the world lock is released.
+pub(crate) enum Event {
+    Completion(Arc<CqShared>),
+    Async(Arc<dyn AsyncEventHandler>, AsyncEvent),
+}
+
+/// What one engine step produces besides state changes.
+#[derive(Default)]
+pub(crate) struct Outbox {
+    pub frames: Vec<(Gid, Vec<u8>)>,
+    pub events: Vec<Event>,
+    pub unroutable: u64,
+}
+
+fn mac_of(ip: Ipv4Address) -> EthernetAddress {
+    let [a, b, c, d] = ip.0;
+    EthernetAddress([0x02, 0x00, a, b, c, d])
+}
+
+impl Outbox {
+    /// Frames `pkt` as RoCEv2 (IPv4-mapped GIDs) and queues it.
+    pub fn send(
+        &mut self,
+        src: Gid,
+        dst: Gid,
+        tos: u8,
+        ttl: u8,
+        src_qpn: u32,
+        pkt: &IbPacketRepr<'_>,
+    ) {
+        let (Some(src_ip), Some(dst_ip)) = (src.to_ipv4(), dst.to_ipv4()) else {
+            self.unroutable += 1;
+            return;
+        };
+        let frame = RoceV2FrameRepr {
+            src_mac: mac_of(src_ip),
+            dst_mac: mac_of(dst_ip),
+            src_ip,
+            dst_ip,
+            tos,
+            ttl,
+            ident: 0,
+            dont_fragment: true,
+            udp_src_port: 0xc000 | (src_qpn & 0x3fff) as u16,
+            packet: *pkt,
+        };
+        let mut buf = vec![0u8; frame.buffer_len()];
+        if frame.emit(&mut buf).is_ok() {
+            self.frames.push((dst, buf));
+        } else {
+            self.unroutable += 1;
+        }
+    }
+}
+
+/// Fabric-wide counters.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub struct FabricStats {
+    /// Frames handed to the fabric.
+    pub frames_sent: u64,
+    /// Frames delivered to a port.
+    pub frames_delivered: u64,
+    /// Frames dropped by fault injection.
+    pub dropped_by_fault: u64,
+    /// Extra copies made by fault injection.
+    pub duplicated: u64,
+    /// Frames corrupted by fault injection.
+    pub corrupted: u64,
+    /// Frames that failed to parse (ICRC mismatch included) and were dropped.
+    pub dropped_malformed: u64,
+    /// Frames whose ICRC did not verify.
+    pub dropped_bad_icrc: u64,
+    /// Frames to an unknown GID, a port that is down, or no such QP.
+    pub dropped_unroutable: u64,
+}
+
+/// A frame captured on the fabric (see [`super::Fabric::set_capture`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CapturedFrame {
+    /// Virtual (or real) time it was sent, in ns.
+    pub at_ns: u64,
+    /// The RoCEv2 frame as sent (before fault injection).
+    pub bytes: Vec<u8>,
+}
+
+pub(crate) struct Hca {
+    pub gid: Gid,
+    pub mem: Arc<PhysMemory>,
+    pub node_guid: u64,
+    pub mtu: Mtu,
+    pub port_state: PortState,
+    pub pds: BTreeMap<u32, u32>,
+    pub next_pd: u32,
+    pub cqs: BTreeMap<u32, Cq>,
+    pub next_cqn: u32,
+    pub qps: BTreeMap<u32, Qp>,
+    pub next_qpn: u32,
+    pub gsi_qpn: Option<u32>,
+    pub mrs: BTreeMap<u32, Mr>,
+    pub next_mkey_index: u32,
+    pub async_handler: Option<Arc<dyn AsyncEventHandler>>,
+}
+
+impl Hca {
+    /// Runs one closure over a QP with the rest of the HCA as its context.
+    pub fn with_qp<R>(
+        &mut self,
+        qpn: u32,
+        now: u64,
+        out: &mut Outbox,
+        f: impl FnOnce(&mut Qp, &mut Ctx<'_>) -> R,
+    ) -> Option<R> {
+        let Hca {
+            gid,
+            mem,
+            cqs,
+            qps,
+            mrs,
+            async_handler,
+            ..
+        } = self;
+        let qp = qps.get_mut(&qpn)?;
+        let mut ctx = Ctx {
+            mem,
+            mrs,
+            cqs,
+            async_handler,
+            out,
+            now,
+            local_gid: *gid,
+        };
+        Some(f(qp, &mut ctx))
+    }
+
+    fn pass(&mut self, now: u64, out: &mut Outbox) -> bool {
+        let mut progress = false;
+        for cq in self.cqs.values_mut() {
+            cq.process_arm(out);
+        }
+        let qpns: Vec<u32> = self.qps.keys().copied().collect();
+        for qpn in qpns {
+            progress |= self
+                .with_qp(qpn, now, out, |qp, ctx| {
+                    let mut p = qp.on_timer(ctx);
+                    p |= qp.run_send_side(ctx);
+                    p |= qp.emit_responses(ctx);
+                    p
+                })
+                .unwrap_or(false);
+        }
+        progress
+    }
+
+    fn next_deadline(&self) -> Option<u64> {
+        self.qps.values().filter_map(Qp::next_deadline).min()
+    }
+}
+
+#[derive(PartialEq, Eq, PartialOrd, Ord)]
+struct InFlight {
+    at: u64,
+    seq: u64,
+    dst: usize,
+    frame: Vec<u8>,
+}
+
+pub(crate) struct World {
+    pub hcas: Vec<Hca>,
+    pub gids: HashMap<Gid, usize>,
+    wire: BinaryHeap<Reverse<InFlight>>,
+    seq: u64,
+    pub now: u64,
+    pub events: Vec<Event>,
+    pub stats: FabricStats,
+    pub capture: Option<Vec<CapturedFrame>>,
+    pub faults: Faults,
+}
+
+impl World {
+    pub fn new(seed: u64) -> Self {
+        Self {
+            hcas: Vec::new(),
+            gids: HashMap::new(),
+            wire: BinaryHeap::new(),
+            seq: 0,
+            now: 0,
+            events: Vec::new(),
+            stats: FabricStats::default(),
+            capture: None,
+            faults: Faults::new(seed),
+        }
+    }
+
+    /// Hands an outbox's frames to the fabric and its events to the world.
+    pub fn absorb(&mut self, src: usize, out: Outbox) {
+        self.stats.dropped_unroutable += out.unroutable;
+        self.events.extend(out.events);
+        for (dst_gid, frame) in out.frames {
+            self.stats.frames_sent += 1;
+            if let Some(c) = &mut self.capture {
+                c.push(CapturedFrame {
+                    at_ns: self.now,
+                    bytes: frame.clone(),
+                });
+            }
+            let Some(&dst) = self.gids.get(&dst_gid) else {
+                self.stats.dropped_unroutable += 1;
+                continue;
+            };
+            let up = |w: &World, i: usize| {
+                w.hcas
+                    .get(i)
+                    .is_some_and(|h| h.port_state == PortState::Active)
+            };
+            if !up(self, src) || !up(self, dst) {
+                self.stats.dropped_unroutable += 1;
+                continue;
+            }
+            for (delay, bytes) in self.faults.apply(src, dst, frame, &mut self.stats) {
+                self.seq += 1;
+                self.wire.push(Reverse(InFlight {
+                    at: self.now.saturating_add(delay),
+                    seq: self.seq,
+                    dst,
+                    frame: bytes,
+                }));
+            }
+        }
+    }
+
+    fn deliver(&mut self, dst: usize, frame: &[u8]) {
+        let parsed = match RoceV2FrameRepr::parse(frame) {
+            Ok(p) => p,
+            Err(e) => {
+                self.stats.dropped_malformed += 1;
+                if e == crate::wire::Error::BadIcrc {
+                    self.stats.dropped_bad_icrc += 1;
+                }
+                return;
+            }
+        };
+        let now = self.now;
+        let Some(hca) = self.hcas.get_mut(dst) else {
+            return;
+        };
+        if hca.port_state != PortState::Active || parsed.dst_gid() != hca.gid {
+            self.stats.dropped_unroutable += 1;
+            return;
+        }
+        let pkt = parsed.packet;
+        let mut qpn = pkt.bth.dest_qp.get();
+        if qpn == GSI_QPN {
+            match hca.gsi_qpn {
+                Some(q) if pkt.bth.opcode.transport() == Transport::Ud => qpn = q,
+                _ => {
+                    self.stats.dropped_unroutable += 1;
+                    return;
+                }
+            }
+        }
+        let mut out = Outbox::default();
+        let (src, dstg) = (parsed.src_gid(), parsed.dst_gid());
+        if hca
+            .with_qp(qpn, now, &mut out, |qp, ctx| {
+                qp.receive(ctx, src, dstg, &pkt)
+            })
+            .is_none()
+        {
+            self.stats.dropped_unroutable += 1;
+            return;
+        }
+        self.stats.frames_delivered += 1;
+        self.absorb(dst, out);
+    }
+
+    /// One pass: run every QP's send side and timers, then deliver every
+    /// frame due by now. Returns whether anything happened.
+    pub fn pass(&mut self) -> bool {
+        let mut progress = false;
+        let now = self.now;
+        for i in 0..self.hcas.len() {
+            let mut out = Outbox::default();
+            let p = self.hcas.get_mut(i).is_some_and(|h| h.pass(now, &mut out));
+            progress |= p || !out.frames.is_empty() || !out.events.is_empty();
+            self.absorb(i, out);
+        }
+        while self.wire.peek().is_some_and(|Reverse(f)| f.at <= now) {
+            let Some(Reverse(f)) = self.wire.pop() else {
+                break;
+            };
+            self.deliver(f.dst, &f.frame);
+            progress = true;
+        }
+        progress
+    }
+
+    /// Passes until nothing more happens at the current time (bounded, so a
+    /// livelock shows up as a stop, not a hang).
+    pub fn run_until_idle(&mut self) {
+        for _ in 0..1_000_000 {
+            if !self.pass() {
+                return;
+            }
+        }
+    }
+
+    /// The next time something is scheduled (a frame or a timer).
+    pub fn next_deadline(&self) -> Option<u64> {
+        let f = self.wire.peek().map(|Reverse(f)| f.at);
+        let t = self.hcas.iter().filter_map(Hca::next_deadline).min();
+        match (f, t) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Frames still on the wire.
+    pub fn in_flight(&self) -> usize {
+        self.wire.len()
+    }
+
+    /// Port up/down: drops the in-flight frames to or from it when going
+    /// down and raises the async event.
+    pub fn set_port_state(&mut self, hca: usize, state: PortState) {
+        let Some(h) = self.hcas.get_mut(hca) else {
+            return;
+        };
+        if h.port_state == state {
+            return;
+        }
+        h.port_state = state;
+        if let Some(handler) = &h.async_handler {
+            let ev = match state {
+                PortState::Active => AsyncEvent::PortActive { port: 1 },
+                PortState::Down => AsyncEvent::PortDown { port: 1 },
+            };
+            self.events.push(Event::Async(handler.clone(), ev));
+        }
+    }
+
+    /// Replaces the fault configuration of the link `from → to`.
+    pub fn set_link_faults(&mut self, from: usize, to: usize, cfg: FaultConfig) {
+        self.faults.set(from, to, cfg);
+    }
+}
+
+enum Clock {
+    Virtual(AtomicU64),
+    Real(Instant),
+}
+
+thread_local! {
+    /// Set while this thread delivers device events: a doorbell rung from a
+    /// handler does not re-enter the engine (the running loop picks it up).
+    static IN_DEVICE: Cell<bool> = const { Cell::new(false) };
+}
+
+/// State shared by the fabric, its HCAs and their doorbell registers.
+pub(crate) struct Shared {
+    world: Mutex<World>,
+    pending: AtomicBool,
+    pub mode: ExecMode,
+    inline: AtomicBool,
+    clock: Clock,
+    delivery: Mutex<()>,
+    pub stop: AtomicBool,
+    pub device_thread: Mutex<Option<std::thread::Thread>>,
+    pub bad_doorbells: AtomicU64,
+}
+
+impl Shared {
+    pub fn new(mode: ExecMode, seed: u64) -> Self {
+        Self {
+            world: Mutex::new(World::new(seed)),
+            pending: AtomicBool::new(false),
+            mode,
+            inline: AtomicBool::new(false),
+            clock: match mode {
+                ExecMode::Thread => Clock::Real(Instant::now()),
+                ExecMode::Stepped => Clock::Virtual(AtomicU64::new(0)),
+            },
+            delivery: Mutex::new(()),
+            stop: AtomicBool::new(false),
+            device_thread: Mutex::new(None),
+            bad_doorbells: AtomicU64::new(0),
+        }
+    }
+
+    pub fn now(&self) -> u64 {
+        match &self.clock {
+            Clock::Virtual(t) => t.load(Ordering::Acquire),
+            Clock::Real(start) => u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX),
+        }
+    }
+
+    pub fn set_virtual_now(&self, ns: u64) {
+        if let Clock::Virtual(t) = &self.clock {
+            t.store(ns, Ordering::Release);
+        }
+    }
+
+    pub fn set_inline(&self, on: bool) {
+        self.inline.store(on, Ordering::SeqCst);
+    }
+
+    /// Locks the world (control commands: may block).
+    pub fn lock(&self) -> MutexGuard<'_, World> {
+        let mut w = self.world.lock().unwrap_or_else(PoisonError::into_inner);
+        w.now = self.now();
+        w
+    }
+
+    /// Releases the world after a control command: delivers the events it
+    /// produced and lets the device catch up on doorbells it missed.
+    pub fn unlock(&self, mut w: MutexGuard<'_, World>) {
+        let events = std::mem::take(&mut w.events);
+        drop(w);
+        self.deliver(events);
+        self.pending.store(true, Ordering::SeqCst);
+        self.kick();
+    }
+
+    /// A doorbell was written: run or wake the device. Never blocks on the
+    /// world lock.
+    pub fn kick(&self) {
+        self.pending.store(true, Ordering::SeqCst);
+        match self.mode {
+            ExecMode::Thread => {
+                if let Some(t) = self
+                    .device_thread
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .as_ref()
+                {
+                    t.unpark();
+                }
+            }
+            ExecMode::Stepped => {
+                if self.inline.load(Ordering::SeqCst) && !IN_DEVICE.with(Cell::get) {
+                    self.run_engine(false);
+                }
+            }
+        }
+    }
+
+    /// Runs the engine until idle if no other thread is running it; loops
+    /// while doorbells keep arriving. With `wait`, blocks for the lock.
+    pub fn run_engine(&self, wait: bool) {
+        loop {
+            let guard = if wait {
+                Some(self.world.lock().unwrap_or_else(PoisonError::into_inner))
+            } else {
+                self.world.try_lock().ok()
+            };
+            let Some(mut w) = guard else { return };
+            self.pending.store(false, Ordering::SeqCst);
+            w.now = self.now();
+            w.run_until_idle();
+            let events = std::mem::take(&mut w.events);
+            drop(w);
+            self.deliver(events);
+            if !self.pending.load(Ordering::SeqCst) {
+                return;
+            }
+        }
+    }
+
+    /// One engine pass (stepped mode). Returns whether anything happened.
+    pub fn step(&self) -> bool {
+        let mut w = self.world.lock().unwrap_or_else(PoisonError::into_inner);
+        w.now = self.now();
+        let p = w.pass();
+        let events = std::mem::take(&mut w.events);
+        drop(w);
+        self.deliver(events);
+        p
+    }
+
+    fn deliver(&self, events: Vec<Event>) {
+        if events.is_empty() {
+            return;
+        }
+        let was = IN_DEVICE.with(|f| f.replace(true));
+        {
+            let _g = self.delivery.lock().unwrap_or_else(PoisonError::into_inner);
+            for e in events {
+                match e {
+                    Event::Completion(cq) => {
+                        if cq.alive.load(Ordering::Acquire) {
+                            cq.handler.completion_event(cq.cqn);
+                        }
+                    }
+                    Event::Async(h, ev) => h.async_event(ev),
+                }
+            }
+        }
+        IN_DEVICE.with(|f| f.set(was));
+    }
+
+    /// Waits until no event delivery is in progress (destroy_cq uses it so
+    /// no event for a destroyed CQ runs after destroy returns).
+    pub fn quiesce_delivery(&self) {
+        if IN_DEVICE.with(Cell::get) {
+            return;
+        }
+        drop(self.delivery.lock().unwrap_or_else(PoisonError::into_inner));
+    }
+}
