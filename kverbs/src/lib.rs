@@ -36,6 +36,7 @@
 
 extern crate alloc;
 
+pub mod cm;
 pub mod drain;
 pub mod irql;
 pub mod platform;
