@@ -45,9 +45,9 @@ use super::types::{
     IncomingRequest, ListenEvent, ListenerId, MadAddress, UnreachableCause, WithdrawnCause,
 };
 use crate::wire::{
-    CmDrepRepr, CmDreqRepr, CmMadRepr, CmMessage, CmMessageKind, CmMraRepr, CmPathRepr,
-    CmRejRepr, CmRepRepr, CmReqRepr, CmRtuRepr, IbTimeout, MAD_LEN, MadHeader, PathMtu,
-    RejectReason, ServiceId, TransportServiceType, attribute,
+    CmDrepRepr, CmDreqRepr, CmMadRepr, CmMessage, CmMessageKind, CmMraRepr, CmPathRepr, CmRejRepr,
+    CmRepRepr, CmReqRepr, CmRtuRepr, IbTimeout, MAD_LEN, MadHeader, PathMtu, RejectReason,
+    ServiceId, TransportServiceType, attribute,
 };
 
 /// Private data limits per message (IBA table 103).
@@ -696,9 +696,9 @@ impl Slot {
             CmState::ReqRcvd | CmState::MraReqSent => {
                 self.send_mra(cx, CmMessageKind::Req);
                 self.state = CmState::MraReqSent;
-                let extended = cx.now.saturating_add(
-                    cx.cfg.response_timeout_ns(cx.cfg.mra_service_timeout),
-                );
+                let extended = cx
+                    .now
+                    .saturating_add(cx.cfg.response_timeout_ns(cx.cfg.mra_service_timeout));
                 self.deadline = Some(self.deadline.map_or(extended, |d| d.max(extended)));
                 Ok(())
             }
@@ -879,10 +879,7 @@ impl Slot {
         match self.state {
             // The RTU may have been lost with the peer already established
             // and now leaving (Linux accepts DREQ in REP_SENT too).
-            CmState::Established
-            | CmState::RtuRcvd
-            | CmState::RepSent
-            | CmState::MraRepRcvd => {
+            CmState::Established | CmState::RtuRcvd | CmState::RepSent | CmState::MraRepRcvd => {
                 self.peer_dreq_tid = tid;
                 self.send_drep(cx, tid);
                 self.enter_timewait(cx);
@@ -1453,10 +1450,7 @@ impl CmEngine {
             slot.peer = request.peer;
             slot.service_id = request.service_id;
             slot.local_qpn = request.qp.qpn;
-            slot.local_psn = request
-                .qp
-                .starting_psn
-                .unwrap_or_else(|| cx.ids.next_psn());
+            slot.local_psn = request.qp.starting_psn.unwrap_or_else(|| cx.ids.next_psn());
             slot.req_tid = cx.ids.next_tid();
             slot.path = request.path;
             slot.path_mtu = request.path_mtu.min(cx.cfg.port_mtu);
@@ -1517,7 +1511,11 @@ impl CmEngine {
     /// # IRQL
     ///
     /// <= `DISPATCH_LEVEL`.
-    pub fn listen(&mut self, service_id: ServiceId, kind: ListenKind) -> Result<ListenerId, CmError> {
+    pub fn listen(
+        &mut self,
+        service_id: ServiceId,
+        kind: ListenKind,
+    ) -> Result<ListenerId, CmError> {
         if self
             .listeners
             .iter()
@@ -1619,10 +1617,7 @@ impl CmEngine {
             }
             slot.consumer = Consumer::Attached;
             slot.local_qpn = accept.qp.qpn;
-            slot.local_psn = accept
-                .qp
-                .starting_psn
-                .unwrap_or_else(|| cx.ids.next_psn());
+            slot.local_psn = accept.qp.starting_psn.unwrap_or_else(|| cx.ids.next_psn());
             slot.params = ConnParams {
                 responder_resources: accept
                     .params
@@ -2014,8 +2009,7 @@ impl CmEngine {
         }
         let (rdma_cm, user_data) = match kind {
             ListenKind::IbCm => (None, req.private_data),
-            ListenKind::RdmaCm => match rdma_cm::check_incoming(req.private_data, cfg.local_gid)
-            {
+            ListenKind::RdmaCm => match rdma_cm::check_incoming(req.private_data, cfg.local_gid) {
                 Ok((header, user)) => (Some(header), user),
                 // Linux: the RDMA/CM handler fails, the CM rejects with
                 // reason 28 and no data.
@@ -2171,9 +2165,7 @@ impl CmEngine {
             sender: Some(rej.local_comm_id),
             ..Match::default()
         };
-        self.dispatch_to(now, from, index, rules, fx, |slot, cx| {
-            slot.on_rej(cx, rej)
-        })
+        self.dispatch_to(now, from, index, rules, fx, |slot, cx| slot.on_rej(cx, rej))
     }
 
     fn on_dreq<F: CmEffects + ?Sized>(
@@ -2200,10 +2192,10 @@ impl CmEngine {
             ..Match::default()
         };
         self.dispatch_to(now, from, index, rules, fx, |slot, cx| {
-                if dreq.remote_qpn != slot.local_qpn {
-                    return Err(DropReason::QpnMismatch);
-                }
-                slot.on_dreq(cx, tid, dreq)
+            if dreq.remote_qpn != slot.local_qpn {
+                return Err(DropReason::QpnMismatch);
+            }
+            slot.on_dreq(cx, tid, dreq)
         })
     }
 }

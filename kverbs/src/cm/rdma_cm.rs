@@ -250,7 +250,10 @@ mod tests {
             roce_path_mtu(1500, PathMtu::Mtu4096),
             Some(PathMtu::Mtu1024)
         );
-        assert_eq!(roce_path_mtu(9000, PathMtu::Mtu2048), Some(PathMtu::Mtu2048));
+        assert_eq!(
+            roce_path_mtu(9000, PathMtu::Mtu2048),
+            Some(PathMtu::Mtu2048)
+        );
         assert_eq!(roce_path_mtu(100, PathMtu::Mtu2048), None);
     }
 

@@ -4,7 +4,7 @@ use core::fmt;
 
 use hca_lowlevel::wire::{Gid, Psn, Qpn};
 
-use crate::wire::{CmaHeaderRepr, CmPathRepr, PathMtu, RejectReason, ServiceId};
+use crate::wire::{CmPathRepr, CmaHeaderRepr, PathMtu, RejectReason, ServiceId};
 
 /// A connection in a [`CmEngine`](super::CmEngine)'s table.
 ///
@@ -82,10 +82,7 @@ pub struct MadAddress {
 impl MadAddress {
     /// The CM of the port with `gid` (its QP1).
     pub const fn cm(gid: Gid) -> MadAddress {
-        MadAddress {
-            gid,
-            qpn: Qpn::GSI,
-        }
+        MadAddress { gid, qpn: Qpn::GSI }
     }
 }
 
