@@ -88,6 +88,15 @@ pub trait CmEffects {
 
     /// A received MAD was dropped (the trace hook).
     fn dropped(&mut self, drop: &DroppedMad);
+
+    /// Whether the free slot `slot` may take a new connection now. An
+    /// environment that delivers events later (from a per-slot mailbox)
+    /// says no while the slot's events from its previous connection are
+    /// still undelivered, so a slot never carries two connections' events.
+    fn slot_reusable(&self, slot: usize) -> bool {
+        let _ = slot;
+        true
+    }
 }
 
 /// The engine's configuration: the port it serves and the CM timing.
@@ -1329,6 +1338,19 @@ impl CmEngine {
         self.slot(id).map(|s| s.local_comm_id)
     }
 
+    /// The listener at table index `index`, if one listens there.
+    pub fn listener_id(&self, index: usize) -> Option<ListenerId> {
+        self.listeners
+            .get(index)
+            .filter(|l| l.in_use)
+            .map(|l| ListenerId::new(u16::try_from(index).unwrap_or(u16::MAX), l.generation))
+    }
+
+    /// The connection in slot `slot`, if the slot is in use.
+    pub fn id_of_slot(&self, slot: usize) -> Option<CmId> {
+        self.slots.get(slot).filter(|s| s.in_use).map(Slot::id)
+    }
+
     /// The earliest deadline of any connection: call
     /// [`CmEngine::on_timeout`] then.
     pub fn next_deadline(&self) -> Option<u64> {
@@ -1379,8 +1401,11 @@ impl CmEngine {
         Some(result)
     }
 
-    fn free_slot(&self) -> Option<usize> {
-        self.slots.iter().position(|s| !s.in_use)
+    fn free_slot<F: CmEffects + ?Sized>(&self, fx: &F) -> Option<usize> {
+        self.slots
+            .iter()
+            .enumerate()
+            .position(|(i, s)| !s.in_use && fx.slot_reusable(i))
     }
 
     /// The slot whose local communication ID is `comm_id`.
@@ -1443,7 +1468,7 @@ impl CmEngine {
             .path
             .check()
             .map_err(|_| CmError::InvalidParameter("path field out of range"))?;
-        let index = self.free_slot().ok_or(CmError::NoFreeSlot)?;
+        let index = self.free_slot(fx).ok_or(CmError::NoFreeSlot)?;
         let salt = self.ids.comm_id_salt;
         let id = self.with_slot(index, now, fx, |slot, cx| {
             slot.open(Role::Active, Consumer::Attached, salt);
@@ -2016,7 +2041,7 @@ impl CmEngine {
                 Err(_) => return refuse(&mut cx, RejectReason::ConsumerDefined),
             },
         };
-        let Some(index) = self.free_slot() else {
+        let Some(index) = self.free_slot(fx) else {
             let mut cx = self.cx(now, fx);
             return refuse(&mut cx, RejectReason::NoResources);
         };

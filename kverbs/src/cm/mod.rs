@@ -15,6 +15,11 @@
 //!   their attributes, PSNs as Linux uses them.
 //! * [`rdma_cm`]: RDMA/CM addressing on top of the IB CM.
 //! * [`agent`]: drop reasons, counters and identifiers.
+//! * [`port`]: the engine bound to a port — QP1 MADs, the platform timer,
+//!   QP transitions through the consumers' QPs (the passive worker), and
+//!   callbacks from a DPC: the API consumers use
+//!   ([`CmPort::connect_rdma_cm`], [`CmPort::listen`], [`CmPort::accept`],
+//!   [`CmPort::reject`], [`CmPort::disconnect`]).
 //!
 //! # Callbacks
 //!
@@ -25,6 +30,7 @@
 
 pub mod agent;
 pub mod engine;
+pub mod port;
 pub mod qp;
 pub mod rdma_cm;
 mod types;
@@ -34,6 +40,7 @@ mod tests;
 
 pub use agent::{CmStats, DropReason, DroppedMad};
 pub use engine::{CmConfig, CmEffects, CmEngine, CmState, ListenKind};
+pub use port::{CmHandler, CmListener, CmPort, CmPortConfig, CmPortStats, CmQp, CmTrace};
 pub use qp::{QpModify, RtrAttrs, RtsAttrs};
 pub use types::{
     AcceptRequest, CmError, CmEvent, CmId, ConnParams, ConnectRequest, DisconnectCause,

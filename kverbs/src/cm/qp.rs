@@ -15,7 +15,7 @@
 //! *sends* from the starting PSN it advertised itself and *expects* the
 //! starting PSN the peer advertised.
 
-use hca_lowlevel::device::{AddressVector, Mtu, QpAttr, QpAttrMask, QpState};
+use hca_lowlevel::device::{AccessFlags, AddressVector, Mtu, QpAttr, QpAttrMask, QpState};
 use hca_lowlevel::wire::{Psn, Qpn};
 
 use crate::wire::{IbTimeout, PathMtu};
@@ -63,6 +63,23 @@ pub enum QpModify {
     ToRtrAndRts(RtrAttrs, RtsAttrs),
     /// Any state → ERR: flush everything.
     ToError,
+}
+
+/// RESET → INIT for a connected QP the CM will drive: `port`, P_Key index
+/// 0, and the remote `access` its responder allows. Consumers run it (at
+/// `PASSIVE_LEVEL`, with the synchronous modify) before `connect` or
+/// `accept`.
+pub fn init_attrs(port: u8, access: AccessFlags) -> (QpAttr, QpAttrMask) {
+    let attr = QpAttr {
+        state: QpState::Init,
+        port,
+        pkey_index: 0,
+        access,
+        ..QpAttr::default()
+    };
+    let mask =
+        QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS;
+    (attr, mask)
 }
 
 /// The hca-lowlevel MTU for a CM path MTU (same codes).
@@ -204,6 +221,11 @@ mod tests {
             Ok(QpState::Err)
         );
         let [a, b] = QpModify::ToRtrAndRts(rtr(), rts()).steps();
+        let (attr, mask) = init_attrs(1, AccessFlags::REMOTE_READ);
+        assert_eq!(
+            check_modify(QpType::Rc, QpState::Reset, &attr, mask),
+            Ok(QpState::Init)
+        );
         assert_eq!(a.unwrap().0.state, QpState::Rtr);
         assert_eq!(b.unwrap().0.state, QpState::Rts);
     }

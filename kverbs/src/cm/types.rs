@@ -317,8 +317,11 @@ pub enum CmError {
     UnknownId,
     /// The call does not apply in the connection's current state.
     WrongState,
-    /// The connection is already ending: its terminal event is on its way.
+    /// The connection is already ending: its terminal event is on its way
+    /// (or the port is closing).
     Closing,
+    /// Not yet: something is still winding down; call again.
+    Busy,
 }
 
 impl fmt::Display for CmError {
@@ -332,6 +335,7 @@ impl fmt::Display for CmError {
             CmError::UnknownId => f.write_str("unknown connection or listener"),
             CmError::WrongState => f.write_str("not allowed in the connection's state"),
             CmError::Closing => f.write_str("connection already closing"),
+            CmError::Busy => f.write_str("still winding down"),
         }
     }
 }
