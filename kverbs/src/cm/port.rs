@@ -1185,6 +1185,16 @@ impl<P: Platform> CmPort<P> {
         self.shared.state.lock(irql).engine.state(id)
     }
 
+    /// The local communication ID of connection `id` (what the peer's
+    /// messages name it by; for diagnostics and tests).
+    ///
+    /// # IRQL
+    ///
+    /// <= `DISPATCH_LEVEL`.
+    pub fn local_comm_id(&self, id: CmId, irql: &impl LeDispatch) -> Option<u32> {
+        self.shared.state.lock(irql).engine.local_comm_id(id)
+    }
+
     /// Wraps a consumer QP's event handler so the CM hears its
     /// "communication established" event (the passive side's fallback when
     /// the RTU is lost). Create the consumer QP with the result.

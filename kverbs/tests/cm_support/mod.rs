@@ -71,6 +71,9 @@ impl Recorded {
     }
 }
 
+/// A request the listener saw: its id, the listener, the private data.
+pub type SeenRequest = (CmId, ListenerId, usize, [u8; 92]);
+
 /// What a listener does with a request.
 pub enum Policy {
     Ignore,
@@ -98,7 +101,7 @@ impl Policy {
 /// `CmListener`), checking the callback contract as they come.
 pub struct Recorder {
     pub events: Mutex<Vec<Recorded>>,
-    pub requests: Mutex<Vec<(CmId, ListenerId, usize, [u8; 92])>>,
+    pub requests: Mutex<Vec<SeenRequest>>,
     pub withdrawn: Mutex<Vec<(CmId, WithdrawnCause)>>,
     pub policy: Mutex<Policy>,
     pub accepted: Mutex<Vec<CmId>>,
@@ -476,4 +479,126 @@ pub fn no_faults() -> FaultConfig {
 
 pub fn threaded() -> World {
     World::new(Mode::Threaded)
+}
+
+// ---- a raw QP1 for hand-made MADs -------------------------------------------
+
+/// A third node whose QP1 the test drives by hand: it sends any bytes as a
+/// MAD to another port's QP1 and collects what comes back.
+pub struct RawMads {
+    pub node: Node,
+    pub qp: Qp<Hp, u32>,
+    pub cq: Cq<Hp, u32>,
+    pub completions: Arc<Collect<u32>>,
+    pub destroyed: Arc<Destroyed>,
+    pub send_mr: kverbs::mr::Mr<Hp>,
+    pub recv_mr: kverbs::mr::Mr<Hp>,
+    next_send: AtomicUsize,
+}
+
+const RAW_SLOTS: u32 = 16;
+
+impl RawMads {
+    pub fn new(w: &World, ip: [u8; 4], p: &Passive<'_>) -> RawMads {
+        let node = w.node(ip, p);
+        let completions = Collect::<u32>::new(1024);
+        let cq = node.cq(128, completions.clone(), p);
+        let destroyed = Arc::new(Destroyed::default());
+        let qp = node.qp_with(QpType::Gsi, &cq, 32, RAW_SLOTS, destroyed.clone(), p);
+        crate::vsupport::bring_up(&qp, None, p);
+        let send_mr =
+            kverbs::mr::Mr::alloc(&node.pd, 64 * 256, AccessFlags::LOCAL_WRITE, p).unwrap();
+        let recv_mr = kverbs::mr::Mr::alloc(
+            &node.pd,
+            RAW_SLOTS as usize * 512,
+            AccessFlags::LOCAL_WRITE,
+            p,
+        )
+        .unwrap();
+        let raw = RawMads {
+            node,
+            qp,
+            cq,
+            completions,
+            destroyed,
+            send_mr,
+            recv_mr,
+            next_send: AtomicUsize::new(0),
+        };
+        for slot in 0..RAW_SLOTS {
+            raw.post_recv(slot, p);
+        }
+        raw
+    }
+
+    fn post_recv(&self, slot: u32, p: &Passive<'_>) {
+        let mut r = self.qp.begin_recv(p).unwrap();
+        r.recv_ud(&self.recv_mr, u64::from(slot) * 512, 512, 1000 + slot)
+            .unwrap();
+        r.commit();
+    }
+
+    pub fn gid(&self) -> Gid {
+        self.node.gid()
+    }
+
+    /// Sends `mad` (any length up to 256) to the QP1 at `to`.
+    pub fn send(&self, to: Gid, mad: &[u8], p: &Passive<'_>) {
+        use kverbs::wr::{Payload, SendWr, Signal, UdDest};
+        let slot = self.next_send.fetch_add(1, Ordering::AcqRel) % 64;
+        self.send_mr.mem().write(slot * 256, mad).unwrap();
+        let sge = self
+            .send_mr
+            .sge(slot as u64 * 256, mad.len() as u32)
+            .unwrap();
+        let dest = UdDest {
+            qpn: 1,
+            qkey: hca_lowlevel::device::GSI_QKEY,
+            dgid: to,
+            traffic_class: 0,
+            hop_limit: 64,
+            flow_label: 0,
+            sl: 0,
+        };
+        let mut s = self.qp.begin_send(p).unwrap();
+        s.send_ud(
+            &dest,
+            &SendWr::new(Payload::Sges(&[sge])),
+            Signal::Signalled(slot as u32),
+        )
+        .unwrap();
+        s.commit();
+    }
+
+    /// MADs received since the last call (receives reposted).
+    pub fn received(&self, p: &Passive<'_>) -> Vec<Vec<u8>> {
+        let mut out = Vec::new();
+        for c in self.completions.take() {
+            if let Some(ctx) = c.context {
+                if ctx >= 1000 && c.status == kverbs::wr::WcStatus::Success {
+                    let slot = ctx - 1000;
+                    let len = c.byte_len as usize - kverbs::wr::GRH_LEN;
+                    let mut buf = vec![0u8; len];
+                    self.recv_mr
+                        .mem()
+                        .read(slot as usize * 512 + kverbs::wr::GRH_LEN, &mut buf)
+                        .unwrap();
+                    out.push(buf);
+                    self.post_recv(slot, p);
+                }
+            }
+        }
+        out
+    }
+
+    pub fn destroy(self, w: &World, p: &Passive<'_>) {
+        self.qp.destroy(p).unwrap();
+        w.wait("raw QP1 destroyed", || {
+            self.destroyed.0.load(Ordering::Acquire) == 1
+        });
+        self.cq.destroy(p).unwrap();
+        self.send_mr.dereg(p).unwrap();
+        self.recv_mr.dereg(p).unwrap();
+        self.node.pd.dealloc(p).unwrap();
+    }
 }
