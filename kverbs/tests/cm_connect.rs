@@ -302,3 +302,61 @@ fn disconnect_during_connect_withdraws_the_request() {
     });
     w.finish();
 }
+
+#[test]
+fn a_qp_destroyed_under_the_cm_does_not_wedge_it() {
+    let w = World::new(Mode::Threaded);
+    w.platform.run_passive(|p| {
+        let env = Env::new(&w, p);
+        let client = Recorder::new();
+        let server = Recorder::new();
+        let qa = ConsumerQp::new(&env.a.node, &env.a.port, p);
+        let qb = ConsumerQp::new(&env.b.node, &env.b.port, p);
+        // B accepts with a QP its consumer already tore down: the RTR
+        // modify is refused at once; B rejects, A hears it, B's consumer
+        // gets its terminal event all the same.
+        qb.qp.destroy(p).unwrap();
+        w.wait("B's QP destroyed", || {
+            qb.destroyed.0.load(std::sync::atomic::Ordering::Acquire) == 1
+        });
+        *server.policy.lock().unwrap() = Policy::Accept {
+            port: env.b.port.clone(),
+            qps: vec![qb.cm_qp.clone()],
+            handler: server.clone(),
+            data: vec![],
+        };
+        env.listen_b(&server, p);
+        let a = env.connect_a(&qa, b"", &client, p).unwrap();
+        w.wait("both ended", || {
+            client.terminal_of(a).is_some()
+                && server
+                    .last_request()
+                    .is_some_and(|b| server.terminal_of(b).is_some())
+        });
+        let b = server.last_request().unwrap();
+        assert_eq!(
+            server.kinds_of(b),
+            [Kind::Unreachable(
+                kverbs::cm::UnreachableCause::QpTransitionFailed
+            )]
+        );
+        assert_eq!(
+            client.kinds_of(a),
+            [Kind::Rejected(RejectReason::ConsumerDefined)]
+        );
+        qa.destroy(&w, p);
+        let ConsumerQp {
+            cq, completions, ..
+        } = qb;
+        cq.destroy(p).unwrap();
+        w.wait("B's CQ destroyed", || {
+            completions
+                .destroyed
+                .load(std::sync::atomic::Ordering::Acquire)
+                == 1
+        });
+        drop(server.policy.lock().unwrap().take_port());
+        env.teardown(p);
+    });
+    w.finish();
+}

@@ -8,6 +8,11 @@
 //! ([`CmStats::dropped`]) and each drop is reported to the trace hook
 //! ([`CmEffects::dropped`](super::CmEffects::dropped)) with enough context
 //! to diagnose a misbehaving peer.
+//!
+//! # IRQL
+//!
+//! Every function here is pure computation over its arguments (no
+//! allocation, no lock, bounded time): callable at any IRQL.
 
 use core::fmt;
 

@@ -134,6 +134,10 @@ pub struct CmConfig {
 
 impl CmConfig {
     /// A configuration with Linux RDMA/CM's timing.
+    ///
+    /// # IRQL
+    ///
+    /// Any (pure computation).
     pub const fn new(local_gid: Gid, local_ca_guid: u64) -> CmConfig {
         CmConfig {
             local_gid,
@@ -153,6 +157,10 @@ impl CmConfig {
 
     /// A CM timeout: `cm_timeout` plus twice the packet lifetime (Linux
     /// `cm_convert_to_ms(packet_life_time) * 2 + cm_convert_to_ms(timeout)`).
+    ///
+    /// # IRQL
+    ///
+    /// Any (pure computation).
     pub const fn response_timeout_ns(&self, cm_timeout: IbTimeout) -> u64 {
         cm_timeout
             .as_nanos()
@@ -1309,36 +1317,64 @@ impl CmEngine {
     }
 
     /// The configuration.
+    ///
+    /// # IRQL
+    ///
+    /// Any.
     pub fn config(&self) -> &CmConfig {
         &self.cfg
     }
 
     /// The counters.
+    ///
+    /// # IRQL
+    ///
+    /// Any.
     pub fn stats(&self) -> &CmStats {
         &self.stats
     }
 
     /// Connection slots in use (timewait and lingering ones included).
+    ///
+    /// # IRQL
+    ///
+    /// Any (a scan of the table, no lock).
     pub fn connections_in_use(&self) -> usize {
         self.slots.iter().filter(|s| s.in_use).count()
     }
 
     /// Listeners in use.
+    ///
+    /// # IRQL
+    ///
+    /// Any.
     pub fn listeners_in_use(&self) -> usize {
         self.listeners.iter().filter(|l| l.in_use).count()
     }
 
     /// The state of connection `id`, or `None` if the handle is stale.
+    ///
+    /// # IRQL
+    ///
+    /// Any.
     pub fn state(&self, id: CmId) -> Option<CmState> {
         self.slot(id).map(|s| s.state)
     }
 
     /// The local communication ID of connection `id`.
+    ///
+    /// # IRQL
+    ///
+    /// Any.
     pub fn local_comm_id(&self, id: CmId) -> Option<u32> {
         self.slot(id).map(|s| s.local_comm_id)
     }
 
     /// The listener at table index `index`, if one listens there.
+    ///
+    /// # IRQL
+    ///
+    /// Any.
     pub fn listener_id(&self, index: usize) -> Option<ListenerId> {
         self.listeners
             .get(index)
@@ -1347,12 +1383,20 @@ impl CmEngine {
     }
 
     /// The connection in slot `slot`, if the slot is in use.
+    ///
+    /// # IRQL
+    ///
+    /// Any.
     pub fn id_of_slot(&self, slot: usize) -> Option<CmId> {
         self.slots.get(slot).filter(|s| s.in_use).map(Slot::id)
     }
 
     /// The earliest deadline of any connection: call
     /// [`CmEngine::on_timeout`] then.
+    ///
+    /// # IRQL
+    ///
+    /// Any (a scan of the table, no lock).
     pub fn next_deadline(&self) -> Option<u64> {
         self.slots
             .iter()

@@ -320,6 +320,9 @@ struct Binding {
     /// Modify callbacks still to come.
     modify_pending: u8,
     modify_failed: bool,
+    /// The QP refused the modify at once: report the failure after the
+    /// engine call that asked for it.
+    modify_refused: bool,
 }
 
 /// An event taken out of a mailbox, ready to deliver outside the lock.
@@ -520,8 +523,8 @@ struct PortFx<'a, P: Platform> {
     send_free: &'a mut Vec<u32>,
     stats: &'a mut CmPortStats,
     irql: &'a Dispatch<'a>,
-    /// Modifies refused at once: reported to the engine after its call.
-    refused: heapless::Vec<CmId, 8>,
+    /// Some binding has `modify_refused` set.
+    refused: bool,
     notify: bool,
 }
 
@@ -538,8 +541,8 @@ impl<P: Platform> CmEffects for PortFx<'_, P> {
     }
 
     fn modify_qp(&mut self, id: CmId, _qpn: Qpn, modify: &QpModify) {
+        // The engine's slot index is always one of ours (same table size).
         let Some(binding) = self.bindings.get_mut(id.slot()) else {
-            let _ = self.refused.push(id);
             return;
         };
         let done = self.shared.modify_done.get(id.slot());
@@ -558,10 +561,8 @@ impl<P: Platform> CmEffects for PortFx<'_, P> {
             }
         }
         if binding.modify_pending == 0 {
-            binding.modify_id = None;
-            // Cannot fail: at most one modify per connection is ever
-            // outstanding, and the engine is called again before the next.
-            let _ = self.refused.push(id);
+            binding.modify_refused = true;
+            self.refused = true;
         }
     }
 
@@ -663,16 +664,30 @@ impl<P: Platform> PortShared<P> {
                 send_free,
                 stats,
                 irql: d,
-                refused: heapless::Vec::new(),
+                refused: false,
                 notify: false,
             };
             let result = f(engine, now, &mut fx);
             // A refused modify is a failed one; its report may ask for
-            // another (to ERR), which may be refused too: bounded by the
-            // engine (after ERR, nothing more is asked).
-            for _ in 0..16 {
-                let Some(id) = fx.refused.pop() else { break };
-                engine.on_qp_modified(now, id, false, &mut fx);
+            // another (to ERR) that may be refused too, and that one's
+            // report asks for nothing more: two passes settle everything,
+            // the bound is slack.
+            for _ in 0..4 {
+                if !core::mem::replace(&mut fx.refused, false) {
+                    break;
+                }
+                for slot in 0..fx.bindings.len() {
+                    let id = match fx.bindings.get_mut(slot) {
+                        Some(b) if b.modify_refused => {
+                            b.modify_refused = false;
+                            b.modify_id.take()
+                        }
+                        _ => None,
+                    };
+                    if let Some(id) = id {
+                        engine.on_qp_modified(now, id, false, &mut fx);
+                    }
+                }
             }
             let notify = fx.notify;
             let next = engine.next_deadline();
@@ -908,11 +923,13 @@ impl<P: Platform> PortShared<P> {
     }
 
     fn on_timer(&self, irql: &Dispatch<'_>) {
+        // The expiry disarmed the timer: forget what it was armed for, so
+        // `with_engine` arms it again even for the same deadline (a timer
+        // may fire a hair before the deadline it was set for).
+        self.state.lock_at_dpc_level(irql).armed = None;
         self.with_engine(irql, |engine, now, fx| {
             engine.on_timeout(now, fx);
         });
-        // `with_engine` re-armed for the next deadline; the expiry itself
-        // disarmed the timer, so forget the old one first.
     }
 
     fn comm_established(&self, qpn: Qpn, irql: &impl LeDispatch) -> bool {
@@ -1122,16 +1139,28 @@ impl<P: Platform> CmPort<P> {
     }
 
     /// This port's GID.
+    ///
+    /// # IRQL
+    ///
+    /// Any.
     pub fn gid(&self) -> Gid {
         self.shared.gid
     }
 
     /// This port's active path MTU.
+    ///
+    /// # IRQL
+    ///
+    /// Any.
     pub fn port_mtu(&self) -> PathMtu {
         self.shared.port_mtu
     }
 
     /// QP1's number as the device knows it (1).
+    ///
+    /// # IRQL
+    ///
+    /// Any.
     pub fn gsi_qpn(&self) -> u32 {
         self.shared.gsi.qpn()
     }

@@ -14,6 +14,11 @@
 //! PSNs follow what Linux does (and what `rdma_rxe` checks): each side
 //! *sends* from the starting PSN it advertised itself and *expects* the
 //! starting PSN the peer advertised.
+//!
+//! # IRQL
+//!
+//! Every function here is pure computation over its arguments (no
+//! allocation, no lock, bounded time): callable at any IRQL.
 
 use hca_lowlevel::device::{AccessFlags, AddressVector, Mtu, QpAttr, QpAttrMask, QpState};
 use hca_lowlevel::wire::{Psn, Qpn};

@@ -15,6 +15,11 @@
 //!   addresses are unicast and the destination is its own) before the
 //!   consumer sees the request; otherwise it rejects with reason 28, as
 //!   Linux does when `cma_ib_id_from_event` fails.
+//!
+//! # IRQL
+//!
+//! Every function here is pure computation over its arguments (no
+//! allocation, no lock, bounded time): callable at any IRQL.
 
 use hca_lowlevel::wire::{Gid, Ipv4Address};
 

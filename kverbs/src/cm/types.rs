@@ -1,4 +1,9 @@
 //! What a consumer hands the connection manager and what it gets back.
+//!
+//! # IRQL
+//!
+//! Every function here is pure computation over its arguments (no
+//! allocation, no lock, bounded time): callable at any IRQL.
 
 use core::fmt;
 

@@ -447,6 +447,12 @@ impl<'w> Env<'w> {
                 side.port.pending_consumers(p) == (0, 0)
             });
         }
+        // Every CM id ends on its own (timewait included): none is left
+        // for release to forget.
+        for side in [&self.a, &self.b] {
+            self.w
+                .wait("every CM id ended", || side.port.connections_in_use(p) == 0);
+        }
         for side in [&self.a, &self.b] {
             self.w.wait("QP1 released", || match side.port.release(p) {
                 Ok(()) => true,
