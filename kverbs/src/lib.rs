@@ -5,9 +5,25 @@
 //! directly, and defers only the inherently blocking operations (QP modify,
 //! memory registration, create/destroy) to its own passive-level worker, which
 //! reports back through completion callbacks.
+//!
+//! # The foundations, and how the verbs objects use them
+//!
+//! * [`irql`]: `Passive`/`Dispatch` proof tokens. Fast-path entry points
+//!   take `&impl LeDispatch`; blocking ones take `&Passive`.
+//! * [`platform`]: the `Platform` trait (spin lock, DPC, work item, timer,
+//!   event, fast mutex, non-paged pool, time), with the host backend
+//!   ([`platform::host`]) that doubles as the IRQL verifier in tests.
+//! * [`sync`]: `SpinLock<T, P>` whose guard hands out `&Dispatch`.
+//! * [`rundown`]: every object owns an `Arc<Rundown<P>>`; every callback
+//!   into it enters through `acquire()`; destroy is `Rundown::destroy`.
+//! * [`worker`]: each object owns a `RequestQueue` for its blocking verbs
+//!   (modify QP, register MR, create/destroy), submitted from any IRQL.
+//! * [`drain`]: each CQ owns a `DpcDrainer` over a `CompletionSource`
+//!   (poll/arm) and a `CompletionHandler`; the CQ event calls `notify`.
 
 #![cfg_attr(not(any(test, feature = "std")), no_std)]
 #![deny(missing_docs)]
+#![deny(unsafe_code)]
 #![cfg_attr(
     not(test),
     deny(
@@ -20,4 +36,13 @@
 
 extern crate alloc;
 
+pub mod drain;
+pub mod irql;
+pub mod platform;
+pub mod rundown;
+pub mod sync;
 pub mod wire;
+pub mod worker;
+
+#[cfg(all(test, loom))]
+mod loom_tests;

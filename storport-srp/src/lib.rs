@@ -20,3 +20,4 @@ extern crate alloc;
 
 #[cfg(feature = "nt")]
 pub mod nt;
+pub mod wire;

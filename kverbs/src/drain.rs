@@ -1,0 +1,407 @@
+//! Completion delivery without recursion: one drain loop per completion
+//! queue.
+//!
+//! A completion handler often posts new work (a response frees a credit, the
+//! next command goes out), and on a fast or software HCA that work can
+//! complete at once — even inline, during the doorbell write. Delivering that
+//! completion by calling the handler again from inside the post would nest
+//! handler → post → handler on one stack without bound (the WinOF recursion).
+//! Here, every path that wants completions delivered goes through one
+//! [`DrainLoop`] per queue:
+//!
+//! * if no drain is running, the caller becomes the drainer (in a DPC, or
+//!   inline via [`DpcDrainer::drain_inline`]);
+//! * if one is running — including the one whose handler is on the stack
+//!   right now — the caller only sets a "notified" bit and returns; the
+//!   running loop polls again before it finishes.
+//!
+//! So the stack depth is that of one loop iteration whatever the chain
+//! length. A DPC drains under a [`Budget`] (count and time) and requeues
+//! itself when the budget runs out, instead of looping at `DISPATCH_LEVEL`
+//! (the DPC watchdog). When the source runs dry the loop arms it with
+//! "report missed events" semantics and then polls once more, so a
+//! completion that lands between the last poll and the arm is never
+//! stranded (the race of the old Windows SRP initiator, which polled then
+//! armed with no re-poll).
+//!
+//! # State machine
+//!
+//! `state` holds two bits, `RUNNING` and `NOTIFIED`:
+//!
+//! | state | meaning |
+//! |---|---|
+//! | 0 | idle: the source is armed (or about to be) |
+//! | `NOTIFIED` | a drain is owed: a DPC is queued (or about to be) |
+//! | `RUNNING` | a loop is draining |
+//! | `RUNNING \| NOTIFIED` | draining, and told to poll again before leaving |
+//!
+//! [`DrainLoop::notify`] sets `NOTIFIED` and schedules a DPC only on the
+//! 0 → `NOTIFIED` edge; the loop clears `NOTIFIED` before each poll and
+//! leaves only by a compare-exchange `RUNNING` → 0, which fails if a
+//! notification came in meanwhile.
+
+use core::fmt;
+
+use alloc::boxed::Box;
+use alloc::sync::{Arc, Weak};
+
+use crate::irql::{Dispatch, LeDispatch, Passive};
+use crate::platform::{AllocError, DpcTarget, Platform, RawDpc, Ticks};
+use crate::sync::atomic::{AtomicUsize, Ordering};
+use crate::sync::with_dispatch;
+
+/// Completions polled per batch (Linux `IB_POLL_BATCH`).
+pub const POLL_BATCH: usize = 16;
+
+const RUNNING: usize = 0b10;
+const NOTIFIED: usize = 0b01;
+
+/// Result of arming a completion source for its next event.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ArmOutcome {
+    /// Armed; the next completion raises an event.
+    Armed,
+    /// Completions may have arrived since the last poll (the
+    /// `IB_CQ_REPORT_MISSED_EVENTS` answer): poll again.
+    MissedEvents,
+}
+
+/// What the drain loop needs from a completion queue.
+///
+/// Poll and arm are called only by the single running drain loop, so a
+/// source sees them serialised (the NDK rule for `NdkGetCqResults` and
+/// `NdkArmCq`).
+pub trait CompletionSource {
+    /// One completion (a work completion).
+    type Completion;
+
+    /// Moves up to `out`'s free capacity of completions into `out`.
+    ///
+    /// # IRQL
+    ///
+    /// `DISPATCH_LEVEL`; must not block.
+    fn poll<const N: usize>(
+        &self,
+        out: &mut heapless::Vec<Self::Completion, N>,
+        irql: &Dispatch<'_>,
+    );
+
+    /// Requests an event for the next completion, reporting whether some may
+    /// have been missed since the last poll.
+    ///
+    /// # IRQL
+    ///
+    /// `DISPATCH_LEVEL`; must not block.
+    fn arm(&self, irql: &Dispatch<'_>) -> ArmOutcome;
+}
+
+/// Receives completions from the drain loop.
+pub trait CompletionHandler<C> {
+    /// Handles one completion. May post new work, and may call
+    /// [`DrainLoop::notify`] / [`DpcDrainer::notify`] (directly or through an
+    /// inline completion) — that never nests a second delivery.
+    ///
+    /// # IRQL
+    ///
+    /// `DISPATCH_LEVEL`.
+    fn on_completion(&self, completion: C, irql: &Dispatch<'_>);
+}
+
+/// How much one drain pass may do before yielding the processor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Budget {
+    /// Completions per pass (Linux `IB_POLL_BUDGET_IRQ` is 256).
+    pub completions: usize,
+    /// Time per pass, in platform ticks (checked between batches).
+    pub ticks: u64,
+}
+
+impl Budget {
+    /// No limit (for tests and inline drains that must empty the queue).
+    pub const UNLIMITED: Budget = Budget {
+        completions: usize::MAX,
+        ticks: u64::MAX,
+    };
+}
+
+/// How a drain pass ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DrainOutcome {
+    /// The source is empty and armed; the loop is idle.
+    Idle {
+        /// Completions delivered by this pass.
+        delivered: usize,
+    },
+    /// The budget ran out with completions possibly left: the caller must
+    /// schedule another pass (a DPC requeues itself). The state is
+    /// `NOTIFIED`, so notifications until then do not schedule twice.
+    BudgetExhausted {
+        /// Completions delivered by this pass.
+        delivered: usize,
+    },
+    /// Another loop is running; it was told to poll again.
+    Busy,
+}
+
+/// The per-queue drain state machine (platform-free; see the
+/// [module docs](self)).
+#[derive(Debug, Default)]
+pub struct DrainLoop {
+    state: AtomicUsize,
+}
+
+impl DrainLoop {
+    /// An idle loop.
+    pub fn new() -> Self {
+        DrainLoop {
+            state: AtomicUsize::new(0),
+        }
+    }
+
+    /// Records that completions may be waiting (a completion event, or an
+    /// inline completion). `true` if the caller must schedule a drain (a
+    /// DPC); `false` if one is scheduled or running and will see them.
+    ///
+    /// # IRQL
+    ///
+    /// Any.
+    pub fn notify(&self) -> bool {
+        self.state.fetch_or(NOTIFIED, Ordering::AcqRel) == 0
+    }
+
+    /// Whether a loop is running now (a snapshot).
+    pub fn is_running(&self) -> bool {
+        self.state.load(Ordering::Acquire) & RUNNING != 0
+    }
+
+    /// Drains `source` into `handler` until the source is empty and armed
+    /// (then [`DrainOutcome::Idle`]) or the budget runs out.
+    ///
+    /// `now` is the clock the time budget is measured with.
+    ///
+    /// # IRQL
+    ///
+    /// `DISPATCH_LEVEL`.
+    pub fn run<S, H>(
+        &self,
+        source: &S,
+        handler: &H,
+        budget: Budget,
+        now: impl Fn() -> Ticks,
+        irql: &Dispatch<'_>,
+    ) -> DrainOutcome
+    where
+        S: CompletionSource + ?Sized,
+        H: CompletionHandler<S::Completion> + ?Sized,
+    {
+        // Enter: from idle or notified become the runner; if a loop runs,
+        // tell it to poll again.
+        let mut current = self.state.load(Ordering::Acquire);
+        loop {
+            if current & RUNNING != 0 {
+                if self.state.fetch_or(NOTIFIED, Ordering::AcqRel) & RUNNING != 0 {
+                    return DrainOutcome::Busy;
+                }
+                // The runner left between the load and the `or`; retry.
+                current = self.state.load(Ordering::Acquire);
+                continue;
+            }
+            match self.state.compare_exchange_weak(
+                current,
+                RUNNING,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => break,
+                Err(actual) => current = actual,
+            }
+        }
+
+        let start = now();
+        let mut delivered = 0usize;
+        let mut batch: heapless::Vec<S::Completion, POLL_BATCH> = heapless::Vec::new();
+        loop {
+            // Clear NOTIFIED before polling: a notification from here on
+            // means "poll again", and this poll covers everything before.
+            self.state.fetch_and(!NOTIFIED, Ordering::AcqRel);
+            let polled = deliver(source, handler, &mut batch, irql);
+            if polled > 0 {
+                delivered = delivered.saturating_add(polled);
+                if delivered >= budget.completions || now().since(start) >= budget.ticks {
+                    self.state.store(NOTIFIED, Ordering::Release);
+                    return DrainOutcome::BudgetExhausted { delivered };
+                }
+                continue;
+            }
+            if self.state.load(Ordering::Acquire) & NOTIFIED != 0 {
+                continue;
+            }
+            if source.arm(irql) == ArmOutcome::MissedEvents {
+                continue;
+            }
+            // Armed. A completion that landed between the empty poll above
+            // and the arm raised no event: poll once more.
+            let polled = deliver(source, handler, &mut batch, irql);
+            if polled > 0 {
+                delivered = delivered.saturating_add(polled);
+                continue;
+            }
+            if self
+                .state
+                .compare_exchange(RUNNING, 0, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+            {
+                return DrainOutcome::Idle { delivered };
+            }
+        }
+    }
+}
+
+/// Polls one batch and hands each completion to the handler.
+fn deliver<S, H>(
+    source: &S,
+    handler: &H,
+    batch: &mut heapless::Vec<S::Completion, POLL_BATCH>,
+    irql: &Dispatch<'_>,
+) -> usize
+where
+    S: CompletionSource + ?Sized,
+    H: CompletionHandler<S::Completion> + ?Sized,
+{
+    batch.clear();
+    source.poll(batch, irql);
+    let polled = batch.len();
+    // Deliver in poll order, leaving `batch` empty for the next poll.
+    for completion in core::mem::take(batch) {
+        handler.on_completion(completion, irql);
+    }
+    polled
+}
+
+/// A drain loop bound to a source, a handler and a DPC: the shape the CQ
+/// uses. Completion events call [`DpcDrainer::notify`]; the DPC drains under
+/// the budget and requeues itself; callers may also drain inline.
+pub struct DpcDrainer<P: Platform, S, H> {
+    drain: DrainLoop,
+    source: S,
+    handler: H,
+    budget: Budget,
+    dpc: Option<P::Dpc>,
+}
+
+impl<P: Platform, S, H> fmt::Debug for DpcDrainer<P, S, H> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DpcDrainer")
+            .field("drain", &self.drain)
+            .field("budget", &self.budget)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<P, S, H> DpcDrainer<P, S, H>
+where
+    P: Platform,
+    S: CompletionSource + Send + Sync + 'static,
+    H: CompletionHandler<S::Completion> + Send + Sync + 'static,
+{
+    /// Creates the drainer and its DPC (on `target`).
+    ///
+    /// # IRQL
+    ///
+    /// `PASSIVE_LEVEL` (it allocates).
+    pub fn new(
+        platform: &P,
+        source: S,
+        handler: H,
+        budget: Budget,
+        target: DpcTarget,
+        irql: &Passive<'_>,
+    ) -> Result<Arc<Self>, AllocError> {
+        let this = Arc::new_cyclic(|weak: &Weak<Self>| {
+            let weak = weak.clone();
+            let dpc = platform
+                .new_dpc(
+                    Box::new(move |d: &Dispatch<'_>| {
+                        if let Some(this) = weak.upgrade() {
+                            this.run_dpc(d);
+                        }
+                    }),
+                    target,
+                    irql,
+                )
+                .ok();
+            DpcDrainer {
+                drain: DrainLoop::new(),
+                source,
+                handler,
+                budget,
+                dpc,
+            }
+        });
+        if this.dpc.is_none() {
+            return Err(AllocError);
+        }
+        Ok(this)
+    }
+
+    /// A completion event (or an inline completion): schedules the DPC
+    /// unless a drain is scheduled or running.
+    ///
+    /// # IRQL
+    ///
+    /// Any.
+    pub fn notify(&self) {
+        if self.drain.notify() {
+            self.queue_dpc();
+        }
+    }
+
+    /// Drains on the caller's stack (the `IB_POLL_DIRECT` style), raising to
+    /// `DISPATCH_LEVEL` if needed; if the budget runs out the rest goes to
+    /// the DPC. Returns at once ([`DrainOutcome::Busy`]) if a drain is
+    /// running, e.g. when called from inside a completion handler.
+    ///
+    /// # IRQL
+    ///
+    /// <= `DISPATCH_LEVEL`.
+    pub fn drain_inline(&self, budget: Budget, irql: &impl LeDispatch) -> DrainOutcome {
+        let outcome = with_dispatch::<P, _, _>(irql, |d| {
+            self.drain
+                .run(&self.source, &self.handler, budget, P::now, d)
+        });
+        if let DrainOutcome::BudgetExhausted { .. } = outcome {
+            self.queue_dpc();
+        }
+        outcome
+    }
+
+    /// The completion source.
+    pub fn source(&self) -> &S {
+        &self.source
+    }
+
+    /// The completion handler.
+    pub fn handler(&self) -> &H {
+        &self.handler
+    }
+
+    /// The underlying state machine.
+    pub fn drain_loop(&self) -> &DrainLoop {
+        &self.drain
+    }
+
+    fn run_dpc(&self, irql: &Dispatch<'_>) {
+        let outcome = self
+            .drain
+            .run(&self.source, &self.handler, self.budget, P::now, irql);
+        if let DrainOutcome::BudgetExhausted { .. } = outcome {
+            self.queue_dpc();
+        }
+    }
+
+    fn queue_dpc(&self) {
+        if let Some(dpc) = &self.dpc {
+            dpc.queue();
+        }
+    }
+}

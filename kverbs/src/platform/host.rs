@@ -1,0 +1,1534 @@
+//! The host platform: std threads standing in for the NT kernel, and a
+//! verifier standing in for Driver Verifier.
+//!
+//! # What runs where
+//!
+//! * DPCs run on one thread per simulated processor (`kverbs-dpc-N`) at
+//!   `DISPATCH_LEVEL`; a DPC targeted at processor *n* always runs on thread
+//!   *n*, so two DPCs on different processors really run concurrently.
+//! * Work items run at `PASSIVE_LEVEL` on a pool of worker threads.
+//! * Timers are kept by a timer thread that queues their DPC on expiry.
+//! * In [`HostMode::Manual`] no thread is started: queued DPCs, work items
+//!   and expired timers wait until the test runs them with
+//!   [`HostPlatform::run_one`], choosing the order itself (seeded random
+//!   schedules that replay exactly).
+//!
+//! # The verifier
+//!
+//! Every thread has an IRQL, a stack of raises and a stack of held spin
+//! locks (thread-locals). The backend's primitives update them and record a
+//! [`Violation`] when the NT contract is broken:
+//!
+//! * blocking at `DISPATCH_LEVEL`: waiting on an event, sleeping, taking a
+//!   passive-only mutex ([`ViolationKind::BlockedAtDispatch`]);
+//! * allocating at `DISPATCH_LEVEL`: through [`Platform::alloc_nonpaged`] or
+//!   through the global allocator, when the test binary installs
+//!   [`VerifierAllocator`] ([`ViolationKind::AllocatedAtDispatch`]);
+//! * releasing spin locks out of order ([`ViolationKind::LockReleasedOutOfOrder`]);
+//! * lowering the IRQL below the level it was raised from
+//!   ([`ViolationKind::IrqlLoweredBelowRaise`]), or "lowering" above the
+//!   current level;
+//! * a DPC that runs longer than its budget ([`ViolationKind::DpcOverBudget`]);
+//! * a routine that returns with a lock held or the IRQL changed.
+//!
+//! Violations are recorded against the platform instance the thread belongs
+//! to (its DPC and worker threads, and any thread inside
+//! [`HostPlatform::run_passive`] / [`HostPlatform::run_at_dispatch`]), so
+//! tests running in parallel do not see each other's. A test ends with
+//! [`HostPlatform::finish`], which waits for queued work, stops the threads
+//! and fails the test if anything was recorded; negative tests read the log
+//! with [`HostPlatform::take_violations`].
+
+// UNSAFETY: implements the unsafe `Platform`/`RawSpinLock`/`RawMutex`
+// contracts and `GlobalAlloc`; each block states its argument.
+#![expect(
+    unsafe_code,
+    reason = "platform trait implementations and the global allocator"
+)]
+#![expect(
+    clippy::panic,
+    reason = "the verifier fails a test by panicking at its end, as a test assertion does"
+)]
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::collections::VecDeque;
+use std::fmt;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+use crate::irql::{Dispatch, Irql, LeDispatch, Passive};
+use crate::platform::{
+    AllocError, DpcRoutine, DpcTarget, EventKind, Platform, RawDpc, RawEvent, RawMutex,
+    RawSpinLock, RawTimer, RawWorkItem, Ticks, WorkRoutine,
+};
+
+// ---------------------------------------------------------------------------
+// Violations and the per-instance log
+// ---------------------------------------------------------------------------
+
+/// Which blocking operation ran at `DISPATCH_LEVEL`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BlockingOp {
+    /// `KeWaitForSingleObject` on an event.
+    Wait,
+    /// `KeDelayExecutionThread`.
+    Sleep,
+    /// Acquiring a passive-only mutex (`FAST_MUTEX`).
+    PassiveLock,
+}
+
+/// Which kind of routine broke its exit contract.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RoutineKind {
+    /// A DPC or timer routine.
+    Dpc,
+    /// A work-item routine.
+    WorkItem,
+    /// A closure run by `run_passive` / `run_at_dispatch`.
+    Scope,
+}
+
+/// One broken rule of the NT execution contract.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ViolationKind {
+    /// A blocking call at `DISPATCH_LEVEL` or above.
+    BlockedAtDispatch {
+        /// What blocked.
+        op: BlockingOp,
+    },
+    /// A memory allocation at `DISPATCH_LEVEL` or above.
+    AllocatedAtDispatch {
+        /// Bytes requested.
+        size: usize,
+    },
+    /// A spin lock released while a lock acquired after it is still held.
+    LockReleasedOutOfOrder,
+    /// `KeLowerIrql` to a level below the one the matching raise came from.
+    IrqlLoweredBelowRaise {
+        /// The level lowered to.
+        to: Irql,
+        /// The level the innermost outstanding raise saved.
+        raised_from: Irql,
+    },
+    /// `KeLowerIrql` to a level above the current one, or with no raise
+    /// outstanding.
+    IrqlLowerWithoutRaise {
+        /// The level "lowered" to.
+        to: Irql,
+    },
+    /// `KeRaiseIrql`/`KeAcquireSpinLock` called above `DISPATCH_LEVEL`, or an
+    /// `AtDpcLevel` acquisition below it.
+    WrongIrqlForLock {
+        /// The level at the call.
+        at: Irql,
+    },
+    /// A DPC routine ran longer than the DPC budget.
+    DpcOverBudget {
+        /// How long it ran, in microseconds.
+        elapsed_us: u64,
+        /// The budget, in microseconds.
+        budget_us: u64,
+    },
+    /// A routine returned with spin locks held or the IRQL changed.
+    RoutineLeakedState {
+        /// Which routine.
+        routine: RoutineKind,
+        /// The IRQL it returned at.
+        irql: Irql,
+        /// Spin locks still held.
+        locks_held: usize,
+    },
+}
+
+/// A recorded violation: what, at which level, on which thread.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Violation {
+    /// The broken rule.
+    pub kind: ViolationKind,
+    /// The IRQL of the offending thread at the time.
+    pub irql: Irql,
+    /// The offending thread's role.
+    pub thread: ThreadRole,
+}
+
+/// What a thread is to the host platform.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ThreadRole {
+    /// A test thread (or any thread the platform did not start).
+    Test,
+    /// The DPC thread of a simulated processor.
+    Dpc(u32),
+    /// A system worker thread.
+    Worker(u32),
+    /// The timer thread.
+    Timer,
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?} at {:?} on {:?}", self.kind, self.irql, self.thread)
+    }
+}
+
+/// How many violations a log keeps in detail (the count is exact).
+const LOG_CAPACITY: usize = 64;
+
+/// The per-instance violation log. Recording never allocates (it runs inside
+/// the global allocator).
+struct VerifierState {
+    log: Mutex<[Option<Violation>; LOG_CAPACITY]>,
+    count: AtomicUsize,
+    allocations_at_dispatch: AtomicUsize,
+}
+
+impl VerifierState {
+    const fn new() -> Self {
+        VerifierState {
+            log: Mutex::new([None; LOG_CAPACITY]),
+            count: AtomicUsize::new(0),
+            allocations_at_dispatch: AtomicUsize::new(0),
+        }
+    }
+
+    fn record(&self, v: Violation) {
+        let index = self.count.fetch_add(1, Ordering::Relaxed);
+        if let Some(slot) = lock(&self.log).get_mut(index) {
+            *slot = Some(v);
+        }
+    }
+
+    fn take(&self) -> Vec<Violation> {
+        let mut log = lock(&self.log);
+        let taken = log.iter_mut().filter_map(Option::take).collect();
+        self.count.store(0, Ordering::Relaxed);
+        taken
+    }
+}
+
+/// Where violations of threads that belong to no platform go.
+static ORPHAN_VERIFIER: VerifierState = VerifierState::new();
+
+/// Locks a std mutex, ignoring poisoning (a panicking test must not hide the
+/// verifier's report behind a second panic).
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+// ---------------------------------------------------------------------------
+// Per-thread state
+// ---------------------------------------------------------------------------
+
+/// Depth of the per-thread raise and held-lock stacks.
+const STACK_DEPTH: usize = 32;
+
+struct ThreadState {
+    irql: Cell<u8>,
+    verifier: Cell<Option<&'static VerifierState>>,
+    role: Cell<ThreadRole>,
+    cpu: Cell<Option<u32>>,
+    /// Saved IRQLs of outstanding raises, innermost last.
+    raises: [Cell<u8>; STACK_DEPTH],
+    raise_depth: Cell<usize>,
+    /// Ids of held spin locks, innermost last.
+    held: [Cell<usize>; STACK_DEPTH],
+    held_depth: Cell<usize>,
+}
+
+thread_local! {
+    static THREAD: ThreadState = const {
+        ThreadState {
+            irql: Cell::new(0),
+            verifier: Cell::new(None),
+            role: Cell::new(ThreadRole::Test),
+            cpu: Cell::new(None),
+            raises: [const { Cell::new(0) }; STACK_DEPTH],
+            raise_depth: Cell::new(0),
+            held: [const { Cell::new(0) }; STACK_DEPTH],
+            held_depth: Cell::new(0),
+        }
+    };
+}
+
+/// Runs `f` on this thread's state; `None` while the thread is being torn
+/// down (then nothing is checked).
+fn with_thread<R>(f: impl FnOnce(&ThreadState) -> R) -> Option<R> {
+    THREAD.try_with(f).ok()
+}
+
+fn current_irql_raw() -> Irql {
+    with_thread(|t| Irql::from_raw(t.irql.get())).unwrap_or(Irql::PASSIVE)
+}
+
+fn record(kind: ViolationKind) {
+    let _ = with_thread(|t| {
+        let v = Violation {
+            kind,
+            irql: Irql::from_raw(t.irql.get()),
+            thread: t.role.get(),
+        };
+        t.verifier.get().unwrap_or(&ORPHAN_VERIFIER).record(v);
+    });
+}
+
+fn check_may_block(op: BlockingOp) {
+    if !current_irql_raw().may_block() {
+        record(ViolationKind::BlockedAtDispatch { op });
+    }
+}
+
+fn check_may_allocate(size: usize) {
+    let _ = with_thread(|t| {
+        if !Irql::from_raw(t.irql.get()).may_block() {
+            if let Some(v) = t.verifier.get() {
+                v.allocations_at_dispatch.fetch_add(1, Ordering::Relaxed);
+            }
+            record(ViolationKind::AllocatedAtDispatch { size });
+        }
+    });
+}
+
+/// `KeRaiseIrql(DISPATCH_LEVEL)` on the thread model.
+fn raise_to_dispatch_raw() -> Irql {
+    with_thread(|t| {
+        let old = t.irql.get();
+        if old > Irql::DISPATCH.raw() {
+            record(ViolationKind::WrongIrqlForLock {
+                at: Irql::from_raw(old),
+            });
+        }
+        let depth = t.raise_depth.get();
+        if let Some(slot) = t.raises.get(depth) {
+            slot.set(old);
+        }
+        t.raise_depth.set(depth.saturating_add(1));
+        t.irql.set(old.max(Irql::DISPATCH.raw()));
+        Irql::from_raw(old)
+    })
+    .unwrap_or(Irql::PASSIVE)
+}
+
+/// `KeLowerIrql(to)` on the thread model, checking it undoes the innermost
+/// raise.
+fn lower_irql_raw(to: Irql) {
+    let _ = with_thread(|t| {
+        let depth = t.raise_depth.get();
+        let current = t.irql.get();
+        if depth == 0 || to.raw() > current {
+            record(ViolationKind::IrqlLowerWithoutRaise { to });
+        } else {
+            let top = depth - 1;
+            let raised_from = t.raises.get(top).map_or(0, Cell::get);
+            if to.raw() < raised_from {
+                record(ViolationKind::IrqlLoweredBelowRaise {
+                    to,
+                    raised_from: Irql::from_raw(raised_from),
+                });
+            }
+            t.raise_depth.set(top);
+        }
+        t.irql.set(to.raw());
+    });
+}
+
+fn push_held(id: usize) {
+    let _ = with_thread(|t| {
+        let depth = t.held_depth.get();
+        if let Some(slot) = t.held.get(depth) {
+            slot.set(id);
+        }
+        t.held_depth.set(depth.saturating_add(1));
+    });
+}
+
+fn pop_held(id: usize) {
+    let _ = with_thread(|t| {
+        let depth = t.held_depth.get().min(STACK_DEPTH);
+        let position = (0..depth)
+            .rev()
+            .find(|&i| t.held.get(i).map(Cell::get) == Some(id));
+        match position {
+            Some(i) => {
+                if i + 1 != depth {
+                    record(ViolationKind::LockReleasedOutOfOrder);
+                }
+                for j in i..depth.saturating_sub(1) {
+                    let next = t.held.get(j + 1).map_or(0, Cell::get);
+                    if let Some(slot) = t.held.get(j) {
+                        slot.set(next);
+                    }
+                }
+                t.held_depth.set(depth - 1);
+            }
+            None => record(ViolationKind::LockReleasedOutOfOrder),
+        }
+    });
+}
+
+/// A snapshot of the thread model, to check a routine left it as it found it.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct Frame {
+    irql: u8,
+    raise_depth: usize,
+    held_depth: usize,
+}
+
+fn frame() -> Frame {
+    with_thread(|t| Frame {
+        irql: t.irql.get(),
+        raise_depth: t.raise_depth.get(),
+        held_depth: t.held_depth.get(),
+    })
+    .unwrap_or(Frame {
+        irql: 0,
+        raise_depth: 0,
+        held_depth: 0,
+    })
+}
+
+/// Checks that a routine returned with the thread model as it was at entry;
+/// records and repairs it otherwise (so one bug is reported once).
+fn check_frame(entry: Frame, routine: RoutineKind) {
+    let now = frame();
+    if now != entry {
+        record(ViolationKind::RoutineLeakedState {
+            routine,
+            irql: Irql::from_raw(now.irql),
+            locks_held: now.held_depth.saturating_sub(entry.held_depth),
+        });
+        let _ = with_thread(|t| {
+            t.irql.set(entry.irql);
+            t.raise_depth.set(entry.raise_depth);
+            t.held_depth.set(entry.held_depth);
+        });
+    }
+}
+
+/// Attaches the current thread to a verifier for a scope.
+struct Attach {
+    previous: Option<&'static VerifierState>,
+}
+
+impl Attach {
+    fn new(verifier: &'static VerifierState) -> Self {
+        let previous = with_thread(|t| t.verifier.replace(Some(verifier))).flatten();
+        Attach { previous }
+    }
+}
+
+impl Drop for Attach {
+    fn drop(&mut self) {
+        let _ = with_thread(|t| t.verifier.set(self.previous));
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The global allocator
+// ---------------------------------------------------------------------------
+
+static TOTAL_ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
+
+/// A global allocator that records allocations at `DISPATCH_LEVEL` as
+/// violations (the "no allocation at DISPATCH" rule, checked). Test binaries
+/// install it:
+///
+/// ```
+/// #[global_allocator]
+/// static ALLOCATOR: kverbs::platform::host::VerifierAllocator =
+///     kverbs::platform::host::VerifierAllocator;
+/// # fn main() {}
+/// ```
+pub struct VerifierAllocator;
+
+impl VerifierAllocator {
+    /// Allocations made through this allocator since the process started.
+    pub fn total_allocations() -> u64 {
+        TOTAL_ALLOCATIONS.load(Ordering::Relaxed)
+    }
+}
+
+// SAFETY: every method forwards to `System` with the caller's arguments
+// unchanged; the bookkeeping around it touches only thread-locals and
+// pre-existing statics and never allocates.
+unsafe impl GlobalAlloc for VerifierAllocator {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        TOTAL_ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        check_may_allocate(layout.size());
+        // SAFETY: the caller's `GlobalAlloc::alloc` contract, forwarded.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        TOTAL_ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        check_may_allocate(layout.size());
+        // SAFETY: the caller's `GlobalAlloc::alloc_zeroed` contract, forwarded.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // Freeing non-paged pool is legal up to DISPATCH_LEVEL on NT.
+        // SAFETY: the caller's `GlobalAlloc::dealloc` contract, forwarded.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        TOTAL_ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        check_may_allocate(new_size);
+        // SAFETY: the caller's `GlobalAlloc::realloc` contract, forwarded.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Locks and events
+// ---------------------------------------------------------------------------
+
+/// The host `KSPIN_LOCK`: a test-and-test-and-set lock that keeps the
+/// thread's IRQL and held-lock stack.
+pub struct HostSpinLock {
+    locked: AtomicBool,
+}
+
+impl HostSpinLock {
+    fn id(&self) -> usize {
+        core::ptr::from_ref(self).addr()
+    }
+
+    fn spin_acquire(&self) {
+        loop {
+            if self
+                .locked
+                .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
+                .is_ok()
+            {
+                break;
+            }
+            while self.locked.load(Ordering::Relaxed) {
+                std::hint::spin_loop();
+                // The holder may be descheduled on a loaded host; let it run.
+                thread::yield_now();
+            }
+        }
+        push_held(self.id());
+    }
+
+    fn spin_release(&self) {
+        pop_held(self.id());
+        self.locked.store(false, Ordering::Release);
+    }
+}
+
+/// The host `KLOCK_QUEUE_HANDLE`: the saved IRQL, and the handle's address at
+/// acquisition so a moved handle is caught.
+#[derive(Default)]
+pub struct HostQueueHandle {
+    saved: u8,
+    address: usize,
+}
+
+// SAFETY: `spin_acquire` gives mutual exclusion with acquire ordering and
+// `spin_release` publishes with release ordering; `acquire` raises to
+// DISPATCH_LEVEL and `release` lowers to the caller's level.
+unsafe impl RawSpinLock for HostSpinLock {
+    type QueueHandle = HostQueueHandle;
+
+    fn new() -> Self {
+        HostSpinLock {
+            locked: AtomicBool::new(false),
+        }
+    }
+
+    fn acquire(&self) -> Irql {
+        let old = raise_to_dispatch_raw();
+        self.spin_acquire();
+        old
+    }
+
+    unsafe fn release(&self, old: Irql) {
+        self.spin_release();
+        lower_irql_raw(old);
+    }
+
+    fn acquire_at_dpc_level(&self) {
+        let at = current_irql_raw();
+        if at != Irql::DISPATCH {
+            record(ViolationKind::WrongIrqlForLock { at });
+        }
+        self.spin_acquire();
+    }
+
+    unsafe fn release_from_dpc_level(&self) {
+        self.spin_release();
+    }
+
+    unsafe fn acquire_in_stack_queued(&self, handle: *mut HostQueueHandle) {
+        let old = raise_to_dispatch_raw();
+        self.spin_acquire();
+        let address = handle.addr();
+        // SAFETY: the caller passes a valid, unaliased handle.
+        let handle = unsafe { &mut *handle };
+        handle.saved = old.raw();
+        handle.address = address;
+    }
+
+    unsafe fn release_in_stack_queued(&self, handle: *mut HostQueueHandle) {
+        let address = handle.addr();
+        // SAFETY: the caller passes the handle of the matching acquisition.
+        let handle = unsafe { &*handle };
+        assert_eq!(
+            handle.address, address,
+            "KLOCK_QUEUE_HANDLE moved while the lock was held"
+        );
+        self.spin_release();
+        lower_irql_raw(Irql::from_raw(handle.saved));
+    }
+
+    unsafe fn acquire_in_stack_queued_at_dpc_level(&self, handle: *mut HostQueueHandle) {
+        self.acquire_at_dpc_level();
+        let address = handle.addr();
+        // SAFETY: the caller passes a valid, unaliased handle.
+        let handle = unsafe { &mut *handle };
+        handle.address = address;
+    }
+
+    unsafe fn release_in_stack_queued_from_dpc_level(&self, handle: *mut HostQueueHandle) {
+        let address = handle.addr();
+        // SAFETY: the caller passes the handle of the matching acquisition.
+        let handle = unsafe { &*handle };
+        assert_eq!(
+            handle.address, address,
+            "KLOCK_QUEUE_HANDLE moved while the lock was held"
+        );
+        self.spin_release();
+    }
+}
+
+/// The host `KEVENT`.
+pub struct HostEvent {
+    kind: EventKind,
+    signalled: Mutex<bool>,
+    changed: Condvar,
+}
+
+impl RawEvent for HostEvent {
+    fn new(kind: EventKind, signalled: bool) -> Self {
+        HostEvent {
+            kind,
+            signalled: Mutex::new(signalled),
+            changed: Condvar::new(),
+        }
+    }
+
+    fn set(&self, _irql: &impl LeDispatch) {
+        *lock(&self.signalled) = true;
+        match self.kind {
+            EventKind::Notification => self.changed.notify_all(),
+            EventKind::Synchronization => self.changed.notify_one(),
+        }
+    }
+
+    fn clear(&self, _irql: &impl LeDispatch) {
+        *lock(&self.signalled) = false;
+    }
+
+    fn wait(&self, _irql: &Passive<'_>) {
+        check_may_block(BlockingOp::Wait);
+        let mut signalled = lock(&self.signalled);
+        while !*signalled {
+            signalled = self
+                .changed
+                .wait(signalled)
+                .unwrap_or_else(PoisonError::into_inner);
+        }
+        if self.kind == EventKind::Synchronization {
+            *signalled = false;
+        }
+    }
+
+    fn wait_timeout(&self, timeout: Duration, _irql: &Passive<'_>) -> bool {
+        check_may_block(BlockingOp::Wait);
+        let deadline = Instant::now() + timeout;
+        let mut signalled = lock(&self.signalled);
+        while !*signalled {
+            let now = Instant::now();
+            if now >= deadline {
+                return false;
+            }
+            signalled = self
+                .changed
+                .wait_timeout(signalled, deadline - now)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        }
+        if self.kind == EventKind::Synchronization {
+            *signalled = false;
+        }
+        true
+    }
+}
+
+/// The host `FAST_MUTEX`.
+pub struct HostMutex {
+    locked: Mutex<bool>,
+    released: Condvar,
+}
+
+// SAFETY: `lock` returns only after flipping `locked` from false to true
+// under the std mutex, and `unlock` flips it back under the same mutex,
+// which also provides the memory ordering.
+unsafe impl RawMutex for HostMutex {
+    fn new() -> Self {
+        HostMutex {
+            locked: Mutex::new(false),
+            released: Condvar::new(),
+        }
+    }
+
+    fn lock(&self, _irql: &Passive<'_>) {
+        check_may_block(BlockingOp::PassiveLock);
+        let mut locked = lock(&self.locked);
+        while *locked {
+            locked = self
+                .released
+                .wait(locked)
+                .unwrap_or_else(PoisonError::into_inner);
+        }
+        *locked = true;
+    }
+
+    unsafe fn unlock(&self) {
+        *lock(&self.locked) = false;
+        self.released.notify_one();
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The platform
+// ---------------------------------------------------------------------------
+
+/// How the host platform runs DPCs, work items and timers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HostMode {
+    /// On real threads (DPC threads per processor, a worker pool, a timer
+    /// thread): concurrency bugs can show.
+    Threaded,
+    /// Nowhere until the test calls [`HostPlatform::run_one`]: the test picks
+    /// the order, so a seeded schedule replays exactly.
+    Manual,
+}
+
+/// Host platform configuration.
+#[derive(Clone, Debug)]
+pub struct HostConfig {
+    /// Simulated processors (one DPC thread each).
+    pub processors: u32,
+    /// System worker threads.
+    pub worker_threads: u32,
+    /// Longest a single DPC routine may run before the verifier records
+    /// [`ViolationKind::DpcOverBudget`]. Generous by default because the
+    /// host is shared and preemptible; tests of the budget lower it.
+    pub dpc_budget: Duration,
+    /// Threaded or manual scheduling.
+    pub mode: HostMode,
+}
+
+impl Default for HostConfig {
+    fn default() -> Self {
+        HostConfig {
+            processors: 2,
+            worker_threads: 2,
+            dpc_budget: Duration::from_millis(500),
+            mode: HostMode::Threaded,
+        }
+    }
+}
+
+struct HostDpcInner {
+    routine: DpcRoutine,
+    target: DpcTarget,
+    queued: AtomicBool,
+    shared: Weak<Shared>,
+}
+
+struct HostWorkInner {
+    routine: WorkRoutine,
+    queued: AtomicBool,
+    shared: Weak<Shared>,
+}
+
+struct HostTimerInner {
+    /// Expiry in nanoseconds since the epoch; 0 when disarmed.
+    due_ns: AtomicU64,
+    dpc: Arc<HostDpcInner>,
+    shared: Weak<Shared>,
+}
+
+struct Queue<T> {
+    items: Mutex<VecDeque<T>>,
+    ready: Condvar,
+}
+
+impl<T> Queue<T> {
+    fn new() -> Self {
+        Queue {
+            items: Mutex::new(VecDeque::new()),
+            ready: Condvar::new(),
+        }
+    }
+
+    /// Makes room for `registered` entries so pushes never allocate.
+    fn reserve_for(&self, registered: usize) {
+        let mut items = lock(&self.items);
+        let need = registered.saturating_sub(items.len());
+        items.reserve(need);
+    }
+}
+
+struct Shared {
+    config: HostConfig,
+    verifier: &'static VerifierState,
+    dpc_queues: Vec<Queue<Arc<HostDpcInner>>>,
+    work_queue: Queue<Arc<HostWorkInner>>,
+    timers: Mutex<Vec<Weak<HostTimerInner>>>,
+    timer_changed: Condvar,
+    registered_dpcs: AtomicUsize,
+    registered_work_items: AtomicUsize,
+    /// Queued plus running routines.
+    pending: AtomicUsize,
+    next_processor: AtomicU32,
+    stopping: AtomicBool,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+}
+
+/// The host platform (cheap to clone; all clones share one instance).
+#[derive(Clone)]
+pub struct HostPlatform {
+    shared: Arc<Shared>,
+}
+
+impl fmt::Debug for HostPlatform {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HostPlatform")
+            .field("config", &self.shared.config)
+            .finish_non_exhaustive()
+    }
+}
+
+fn epoch() -> Instant {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    *EPOCH.get_or_init(Instant::now)
+}
+
+fn now_ns() -> u64 {
+    u64::try_from(epoch().elapsed().as_nanos()).unwrap_or(u64::MAX)
+}
+
+impl HostPlatform {
+    /// A threaded platform with the default configuration.
+    pub fn new() -> Self {
+        Self::with_config(HostConfig::default())
+    }
+
+    /// A platform with `config`; starts its threads in threaded mode.
+    pub fn with_config(config: HostConfig) -> Self {
+        let processors = config.processors.max(1);
+        let verifier: &'static VerifierState = Box::leak(Box::new(VerifierState::new()));
+        let shared = Arc::new(Shared {
+            dpc_queues: (0..processors).map(|_| Queue::new()).collect(),
+            work_queue: Queue::new(),
+            timers: Mutex::new(Vec::new()),
+            timer_changed: Condvar::new(),
+            registered_dpcs: AtomicUsize::new(0),
+            registered_work_items: AtomicUsize::new(0),
+            pending: AtomicUsize::new(0),
+            next_processor: AtomicU32::new(0),
+            stopping: AtomicBool::new(false),
+            threads: Mutex::new(Vec::new()),
+            verifier,
+            config: HostConfig {
+                processors,
+                ..config
+            },
+        });
+        let _ = epoch();
+        if shared.config.mode == HostMode::Threaded {
+            let mut threads = Vec::new();
+            for cpu in 0..processors {
+                let s = Arc::clone(&shared);
+                threads.push(spawn(format!("kverbs-dpc-{cpu}"), move || {
+                    dpc_thread(&s, cpu);
+                }));
+            }
+            for n in 0..shared.config.worker_threads.max(1) {
+                let s = Arc::clone(&shared);
+                threads.push(spawn(format!("kverbs-worker-{n}"), move || {
+                    worker_thread(&s, n);
+                }));
+            }
+            let s = Arc::clone(&shared);
+            threads.push(spawn("kverbs-timer".into(), move || timer_thread(&s)));
+            *lock(&shared.threads) = threads;
+        }
+        HostPlatform { shared }
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> &HostConfig {
+        &self.shared.config
+    }
+
+    /// Runs `f` on the current thread at `PASSIVE_LEVEL` with a token,
+    /// attached to this platform's verifier.
+    ///
+    /// # Panics
+    ///
+    /// If the current thread is not at `PASSIVE_LEVEL` (a test bug).
+    pub fn run_passive<R>(&self, f: impl for<'a> FnOnce(&Passive<'a>) -> R) -> R {
+        assert_eq!(
+            current_irql_raw(),
+            Irql::PASSIVE,
+            "run_passive above PASSIVE_LEVEL"
+        );
+        let _attach = Attach::new(self.shared.verifier);
+        let entry = frame();
+        // SAFETY: checked above: this thread is at PASSIVE_LEVEL, and the
+        // thread model keeps it there for the call except inside nested
+        // raises (which the verifier checks).
+        let token = unsafe { Passive::assume_unchecked() };
+        let result = f(&token);
+        check_frame(entry, RoutineKind::Scope);
+        result
+    }
+
+    /// Runs `f` on the current thread raised to `DISPATCH_LEVEL` (as
+    /// `KeRaiseIrql` would), attached to this platform's verifier.
+    pub fn run_at_dispatch<R>(&self, f: impl for<'a> FnOnce(&Dispatch<'a>) -> R) -> R {
+        let _attach = Attach::new(self.shared.verifier);
+        let old = raise_to_dispatch_raw();
+        let entry = frame();
+        // SAFETY: the raise above put the thread model at DISPATCH_LEVEL
+        // until the lower below.
+        let token = unsafe { Dispatch::assume_unchecked() };
+        let result = f(&token);
+        check_frame(entry, RoutineKind::Scope);
+        lower_irql_raw(old);
+        result
+    }
+
+    /// Runs `f` as a DPC (on a DPC thread, at `DISPATCH_LEVEL`) and returns
+    /// its result; blocks the caller until it has run.
+    pub fn run_as_dpc<R: Send + 'static>(
+        &self,
+        irql: &Passive<'_>,
+        f: impl for<'a> FnOnce(&Dispatch<'a>) -> R + Send + 'static,
+    ) -> R {
+        let slot: OneShot<DispatchOnce<R>, R> = Arc::new(Mutex::new((Some(Box::new(f)), None)));
+        let done = Arc::new(HostEvent::new(EventKind::Notification, false));
+        let (s, d) = (Arc::clone(&slot), Arc::clone(&done));
+        let dpc = self
+            .new_dpc(
+                Box::new(move |irql: &Dispatch<'_>| {
+                    let f = lock(&s).0.take();
+                    if let Some(f) = f {
+                        let r = f(irql);
+                        lock(&s).1 = Some(r);
+                        d.set(irql);
+                    }
+                }),
+                DpcTarget::Current,
+                irql,
+            )
+            .unwrap_or_else(|_| panic!("DPC allocation failed"));
+        dpc.queue();
+        self.wait_for(&done, irql);
+        let result = lock(&slot).1.take();
+        result.unwrap_or_else(|| panic!("run_as_dpc: the DPC did not produce a result"))
+    }
+
+    /// Runs `f` as a work item (on a worker thread, at `PASSIVE_LEVEL`) and
+    /// returns its result; blocks the caller until it has run.
+    pub fn run_as_work_item<R: Send + 'static>(
+        &self,
+        irql: &Passive<'_>,
+        f: impl for<'a> FnOnce(&Passive<'a>) -> R + Send + 'static,
+    ) -> R {
+        let slot: OneShot<PassiveOnce<R>, R> = Arc::new(Mutex::new((Some(Box::new(f)), None)));
+        let done = Arc::new(HostEvent::new(EventKind::Notification, false));
+        let (s, d) = (Arc::clone(&slot), Arc::clone(&done));
+        let item = self
+            .new_work_item(
+                Box::new(move |irql: &Passive<'_>| {
+                    let f = lock(&s).0.take();
+                    if let Some(f) = f {
+                        let r = f(irql);
+                        lock(&s).1 = Some(r);
+                        d.set(irql);
+                    }
+                }),
+                irql,
+            )
+            .unwrap_or_else(|_| panic!("work item allocation failed"));
+        item.queue(irql);
+        self.wait_for(&done, irql);
+        let result = lock(&slot).1.take();
+        result.unwrap_or_else(|| panic!("run_as_work_item: the work item did not run"))
+    }
+
+    /// Waits for `event`; in manual mode runs queued routines meanwhile.
+    fn wait_for(&self, event: &HostEvent, irql: &Passive<'_>) {
+        match self.shared.config.mode {
+            HostMode::Threaded => event.wait(irql),
+            HostMode::Manual => {
+                while !event.wait_timeout(Duration::ZERO, irql) {
+                    if !self.run_one(&mut |_| 0) {
+                        panic!("manual mode: waiting for a routine that is not queued");
+                    }
+                }
+            }
+        }
+    }
+
+    /// Manual mode: runs one queued routine (a DPC from some processor's
+    /// queue, a work item, or the DPC of an expired timer), letting `choose`
+    /// pick among the `n` runnable candidates (`choose(n)` returns an index
+    /// below `n`; out-of-range wraps). Returns `false` if nothing was
+    /// runnable. DPCs run in FIFO order per processor, as on NT.
+    ///
+    /// Must be called from a thread at `PASSIVE_LEVEL` (the routine's level
+    /// is set for it).
+    pub fn run_one(&self, choose: &mut dyn FnMut(usize) -> usize) -> bool {
+        let shared = &self.shared;
+        expire_timers(shared);
+        let mut candidates: Vec<Candidate> = Vec::new();
+        for (cpu, q) in shared.dpc_queues.iter().enumerate() {
+            if !lock(&q.items).is_empty() {
+                candidates.push(Candidate::Dpc(cpu));
+            }
+        }
+        let work = lock(&shared.work_queue.items).len();
+        let parallel = usize::try_from(shared.config.worker_threads.max(1)).unwrap_or(1);
+        for i in 0..work.min(parallel) {
+            candidates.push(Candidate::Work(i));
+        }
+        if candidates.is_empty() {
+            return false;
+        }
+        let pick = choose(candidates.len()) % candidates.len();
+        let _attach = Attach::new(shared.verifier);
+        match candidates.get(pick) {
+            Some(&Candidate::Dpc(cpu)) => {
+                let dpc = shared
+                    .dpc_queues
+                    .get(cpu)
+                    .and_then(|q| lock(&q.items).pop_front());
+                if let Some(dpc) = dpc {
+                    let previous = with_thread(|t| t.cpu.replace(u32::try_from(cpu).ok()));
+                    let old = raise_to_dispatch_raw();
+                    run_dpc(shared, &dpc);
+                    lower_irql_raw(old);
+                    let _ = with_thread(|t| t.cpu.set(previous.flatten()));
+                }
+            }
+            Some(&Candidate::Work(i)) => {
+                let item = lock(&shared.work_queue.items).remove(i);
+                if let Some(item) = item {
+                    run_work_item(shared, &item);
+                }
+            }
+            None => {}
+        }
+        true
+    }
+
+    /// Manual mode: runs queued routines, chosen by `choose`, until none is
+    /// runnable or `limit` have run; returns how many ran.
+    pub fn run_until_idle(&self, choose: &mut dyn FnMut(usize) -> usize, limit: usize) -> usize {
+        let mut ran = 0;
+        while ran < limit && self.run_one(choose) {
+            ran += 1;
+        }
+        ran
+    }
+
+    /// Queued plus running routines.
+    pub fn pending(&self) -> usize {
+        self.shared.pending.load(Ordering::Acquire)
+    }
+
+    /// Waits (threaded mode) until no routine is queued or running, or
+    /// `timeout` passes; `true` if quiet.
+    pub fn quiesce(&self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if self.pending() == 0 {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            thread::sleep(Duration::from_micros(200));
+        }
+    }
+
+    /// Takes the recorded violations (the log is emptied). In threaded mode
+    /// it first waits (up to 30 s) for queued and running routines, so the
+    /// checks made when a routine returns (lock state, DPC budget) are in.
+    pub fn take_violations(&self) -> Vec<Violation> {
+        if self.shared.config.mode == HostMode::Threaded {
+            self.quiesce(Duration::from_secs(30));
+        }
+        self.shared.verifier.take()
+    }
+
+    /// Allocations recorded at `DISPATCH_LEVEL` by this instance so far.
+    pub fn allocations_at_dispatch(&self) -> usize {
+        self.shared
+            .verifier
+            .allocations_at_dispatch
+            .load(Ordering::Relaxed)
+    }
+
+    /// Ends a test: waits for queued work (in manual mode, runs it), stops
+    /// the threads, and panics listing every violation recorded.
+    ///
+    /// # Panics
+    ///
+    /// If a violation was recorded or queued work did not finish in 30 s.
+    pub fn finish(self) {
+        let quiet = match self.shared.config.mode {
+            HostMode::Threaded => self.quiesce(Duration::from_secs(30)),
+            HostMode::Manual => {
+                self.run_until_idle(&mut |_| 0, 1_000_000);
+                self.pending() == 0
+            }
+        };
+        self.stop();
+        let violations = self.take_violations();
+        assert!(
+            violations.is_empty(),
+            "the host verifier recorded {} violation(s):\n{}",
+            violations.len(),
+            violations
+                .iter()
+                .map(|v| format!("  {v}"))
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+        assert!(quiet, "queued DPCs or work items did not finish");
+    }
+
+    /// Stops and joins the platform threads (idempotent).
+    pub fn stop(&self) {
+        let shared = &self.shared;
+        shared.stopping.store(true, Ordering::Release);
+        for q in &shared.dpc_queues {
+            let _guard = lock(&q.items);
+            q.ready.notify_all();
+        }
+        {
+            let _guard = lock(&shared.work_queue.items);
+            shared.work_queue.ready.notify_all();
+        }
+        {
+            let _guard = lock(&shared.timers);
+            shared.timer_changed.notify_all();
+        }
+        let threads = std::mem::take(&mut *lock(&shared.threads));
+        for t in threads {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Default for HostPlatform {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// A closure to run once and the slot for its result.
+type OneShot<F, R> = Arc<Mutex<(Option<F>, Option<R>)>>;
+/// A boxed closure run once at `DISPATCH_LEVEL`.
+type DispatchOnce<R> = Box<dyn for<'a> FnOnce(&Dispatch<'a>) -> R + Send>;
+/// A boxed closure run once at `PASSIVE_LEVEL`.
+type PassiveOnce<R> = Box<dyn for<'a> FnOnce(&Passive<'a>) -> R + Send>;
+
+enum Candidate {
+    Dpc(usize),
+    Work(usize),
+}
+
+fn spawn(name: String, f: impl FnOnce() + Send + 'static) -> JoinHandle<()> {
+    thread::Builder::new()
+        .name(name)
+        .spawn(f)
+        .unwrap_or_else(|e| panic!("cannot start a host platform thread: {e}"))
+}
+
+fn run_dpc(shared: &Shared, dpc: &HostDpcInner) {
+    dpc.queued.store(false, Ordering::Release);
+    let entry = frame();
+    // SAFETY: the caller raised the thread model to DISPATCH_LEVEL for the
+    // routine's duration.
+    let token = unsafe { Dispatch::assume_unchecked() };
+    let start = Instant::now();
+    (dpc.routine)(&token);
+    let elapsed = start.elapsed();
+    check_frame(entry, RoutineKind::Dpc);
+    let budget = shared.config.dpc_budget;
+    if elapsed > budget {
+        record(ViolationKind::DpcOverBudget {
+            elapsed_us: u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX),
+            budget_us: u64::try_from(budget.as_micros()).unwrap_or(u64::MAX),
+        });
+    }
+    shared.pending.fetch_sub(1, Ordering::AcqRel);
+}
+
+fn run_work_item(shared: &Shared, item: &HostWorkInner) {
+    item.queued.store(false, Ordering::Release);
+    let entry = frame();
+    // SAFETY: work items run at PASSIVE_LEVEL: the worker thread (or the
+    // manual-mode caller) is at PASSIVE_LEVEL here.
+    let token = unsafe { Passive::assume_unchecked() };
+    (item.routine)(&token);
+    check_frame(entry, RoutineKind::WorkItem);
+    shared.pending.fetch_sub(1, Ordering::AcqRel);
+}
+
+fn dpc_thread(shared: &Arc<Shared>, cpu: u32) {
+    let _attach = Attach::new(shared.verifier);
+    let _ = with_thread(|t| {
+        t.role.set(ThreadRole::Dpc(cpu));
+        t.cpu.set(Some(cpu));
+    });
+    let Some(queue) = shared.dpc_queues.get(cpu as usize) else {
+        return;
+    };
+    loop {
+        let dpc = {
+            let mut items = lock(&queue.items);
+            loop {
+                if let Some(d) = items.pop_front() {
+                    break Some(d);
+                }
+                if shared.stopping.load(Ordering::Acquire) {
+                    break None;
+                }
+                items = queue
+                    .ready
+                    .wait(items)
+                    .unwrap_or_else(PoisonError::into_inner);
+            }
+        };
+        let Some(dpc) = dpc else { return };
+        let old = raise_to_dispatch_raw();
+        run_dpc(shared, &dpc);
+        lower_irql_raw(old);
+    }
+}
+
+fn worker_thread(shared: &Arc<Shared>, n: u32) {
+    let _attach = Attach::new(shared.verifier);
+    let _ = with_thread(|t| t.role.set(ThreadRole::Worker(n)));
+    loop {
+        let item = {
+            let mut items = lock(&shared.work_queue.items);
+            loop {
+                if let Some(w) = items.pop_front() {
+                    break Some(w);
+                }
+                if shared.stopping.load(Ordering::Acquire) {
+                    break None;
+                }
+                items = shared
+                    .work_queue
+                    .ready
+                    .wait(items)
+                    .unwrap_or_else(PoisonError::into_inner);
+            }
+        };
+        let Some(item) = item else { return };
+        run_work_item(shared, &item);
+    }
+}
+
+/// Queues the DPC of every expired timer; returns the time until the next
+/// expiry.
+fn expire_timers(shared: &Shared) -> Option<Duration> {
+    let now = now_ns();
+    let mut next: Option<u64> = None;
+    let mut expired = Vec::new();
+    {
+        let timers = lock(&shared.timers);
+        for t in timers.iter().filter_map(Weak::upgrade) {
+            let due = t.due_ns.load(Ordering::Acquire);
+            if due == 0 {
+                continue;
+            }
+            if due <= now {
+                if t.due_ns
+                    .compare_exchange(due, 0, Ordering::AcqRel, Ordering::Acquire)
+                    .is_ok()
+                {
+                    expired.push(t);
+                }
+            } else {
+                next = Some(next.map_or(due, |n| n.min(due)));
+            }
+        }
+    }
+    for t in expired {
+        queue_dpc(&t.dpc);
+    }
+    next.map(|due| Duration::from_nanos(due.saturating_sub(now)))
+}
+
+fn timer_thread(shared: &Arc<Shared>) {
+    let _attach = Attach::new(shared.verifier);
+    let _ = with_thread(|t| t.role.set(ThreadRole::Timer));
+    loop {
+        if shared.stopping.load(Ordering::Acquire) {
+            return;
+        }
+        let wait = expire_timers(shared).unwrap_or(Duration::from_millis(50));
+        let timers = lock(&shared.timers);
+        if shared.stopping.load(Ordering::Acquire) {
+            return;
+        }
+        let _ = shared
+            .timer_changed
+            .wait_timeout(timers, wait.min(Duration::from_millis(50)))
+            .unwrap_or_else(PoisonError::into_inner);
+    }
+}
+
+fn queue_dpc(dpc: &Arc<HostDpcInner>) -> bool {
+    let Some(shared) = dpc.shared.upgrade() else {
+        return false;
+    };
+    if dpc.queued.swap(true, Ordering::AcqRel) {
+        return false;
+    }
+    let count = u32::try_from(shared.dpc_queues.len()).unwrap_or(1).max(1);
+    let cpu = match dpc.target {
+        DpcTarget::Processor(n) => n % count,
+        DpcTarget::Current => {
+            with_thread(|t| t.cpu.get())
+                .flatten()
+                .unwrap_or_else(|| shared.next_processor.fetch_add(1, Ordering::Relaxed))
+                % count
+        }
+    };
+    let Some(queue) = shared.dpc_queues.get(cpu as usize) else {
+        dpc.queued.store(false, Ordering::Release);
+        return false;
+    };
+    shared.pending.fetch_add(1, Ordering::AcqRel);
+    lock(&queue.items).push_back(Arc::clone(dpc));
+    queue.ready.notify_one();
+    true
+}
+
+/// The host `KDPC`.
+pub struct HostDpc {
+    inner: Arc<HostDpcInner>,
+}
+
+impl RawDpc for HostDpc {
+    fn queue(&self) -> bool {
+        queue_dpc(&self.inner)
+    }
+
+    fn cancel(&self) -> bool {
+        let Some(shared) = self.inner.shared.upgrade() else {
+            return false;
+        };
+        for q in &shared.dpc_queues {
+            let mut items = lock(&q.items);
+            if let Some(i) = items.iter().position(|d| Arc::ptr_eq(d, &self.inner)) {
+                items.remove(i);
+                self.inner.queued.store(false, Ordering::Release);
+                shared.pending.fetch_sub(1, Ordering::AcqRel);
+                return true;
+            }
+        }
+        false
+    }
+}
+
+/// The host `IO_WORKITEM`.
+pub struct HostWorkItem {
+    inner: Arc<HostWorkInner>,
+}
+
+impl RawWorkItem for HostWorkItem {
+    fn queue(&self, _irql: &impl LeDispatch) -> bool {
+        let Some(shared) = self.inner.shared.upgrade() else {
+            return false;
+        };
+        if self.inner.queued.swap(true, Ordering::AcqRel) {
+            return false;
+        }
+        shared.pending.fetch_add(1, Ordering::AcqRel);
+        lock(&shared.work_queue.items).push_back(Arc::clone(&self.inner));
+        shared.work_queue.ready.notify_one();
+        true
+    }
+}
+
+/// The host `KTIMER` with its DPC.
+pub struct HostTimer {
+    inner: Arc<HostTimerInner>,
+}
+
+impl RawTimer for HostTimer {
+    fn set(&self, due: Duration, _irql: &impl LeDispatch) -> bool {
+        let due_ns = now_ns()
+            .saturating_add(u64::try_from(due.as_nanos()).unwrap_or(u64::MAX))
+            .max(1);
+        let was = self.inner.due_ns.swap(due_ns, Ordering::AcqRel);
+        if let Some(shared) = self.inner.shared.upgrade() {
+            let _guard = lock(&shared.timers);
+            shared.timer_changed.notify_all();
+        }
+        was != 0
+    }
+
+    fn cancel(&self, _irql: &impl LeDispatch) -> bool {
+        self.inner.due_ns.swap(0, Ordering::AcqRel) != 0
+    }
+}
+
+impl Drop for HostTimer {
+    fn drop(&mut self) {
+        self.inner.due_ns.store(0, Ordering::Release);
+    }
+}
+
+// SAFETY: the thread model reports the real (simulated) level of the calling
+// thread; routines get tokens only while their thread is at the level; DPCs
+// and work items are queued at most once (`queued` flags) and the queues hold
+// `Arc`s to the routine's storage; `alloc_nonpaged` forwards to `System`.
+unsafe impl Platform for HostPlatform {
+    type SpinLock = HostSpinLock;
+    type Event = HostEvent;
+    type Mutex = HostMutex;
+    type Dpc = HostDpc;
+    type WorkItem = HostWorkItem;
+    type Timer = HostTimer;
+
+    fn current_irql() -> Irql {
+        current_irql_raw()
+    }
+
+    fn now() -> Ticks {
+        Ticks(now_ns())
+    }
+
+    fn ticks_per_second() -> u64 {
+        1_000_000_000
+    }
+
+    fn processor_count(&self) -> u32 {
+        self.shared.config.processors
+    }
+
+    fn stall(&self, d: Duration) {
+        let start = Instant::now();
+        while start.elapsed() < d {
+            std::hint::spin_loop();
+        }
+    }
+
+    fn delay(&self, d: Duration, _irql: &Passive<'_>) {
+        check_may_block(BlockingOp::Sleep);
+        thread::sleep(d);
+    }
+
+    unsafe fn raise_to_dispatch() -> Irql {
+        raise_to_dispatch_raw()
+    }
+
+    unsafe fn lower_irql(old: Irql) {
+        lower_irql_raw(old);
+    }
+
+    fn new_dpc(
+        &self,
+        routine: DpcRoutine,
+        target: DpcTarget,
+        _irql: &Passive<'_>,
+    ) -> Result<HostDpc, AllocError> {
+        let registered = self.shared.registered_dpcs.fetch_add(1, Ordering::AcqRel) + 1;
+        for q in &self.shared.dpc_queues {
+            q.reserve_for(registered);
+        }
+        Ok(HostDpc {
+            inner: Arc::new(HostDpcInner {
+                routine,
+                target,
+                queued: AtomicBool::new(false),
+                shared: Arc::downgrade(&self.shared),
+            }),
+        })
+    }
+
+    fn new_work_item(
+        &self,
+        routine: WorkRoutine,
+        _irql: &Passive<'_>,
+    ) -> Result<HostWorkItem, AllocError> {
+        let registered = self
+            .shared
+            .registered_work_items
+            .fetch_add(1, Ordering::AcqRel)
+            + 1;
+        self.shared.work_queue.reserve_for(registered);
+        Ok(HostWorkItem {
+            inner: Arc::new(HostWorkInner {
+                routine,
+                queued: AtomicBool::new(false),
+                shared: Arc::downgrade(&self.shared),
+            }),
+        })
+    }
+
+    fn new_timer(&self, routine: DpcRoutine, irql: &Passive<'_>) -> Result<HostTimer, AllocError> {
+        let dpc = self.new_dpc(routine, DpcTarget::Current, irql)?;
+        let inner = Arc::new(HostTimerInner {
+            due_ns: AtomicU64::new(0),
+            dpc: dpc.inner,
+            shared: Arc::downgrade(&self.shared),
+        });
+        let mut timers = lock(&self.shared.timers);
+        timers.retain(|t| t.strong_count() > 0);
+        timers.push(Arc::downgrade(&inner));
+        Ok(HostTimer { inner })
+    }
+
+    fn alloc_nonpaged(
+        &self,
+        layout: Layout,
+        _irql: &Passive<'_>,
+    ) -> Result<NonNull<u8>, AllocError> {
+        check_may_allocate(layout.size());
+        if layout.size() == 0 {
+            return Ok(NonNull::<u8>::dangling()
+                .with_addr(std::num::NonZeroUsize::new(layout.align()).ok_or(AllocError)?));
+        }
+        // SAFETY: `layout` has a non-zero size (checked above).
+        NonNull::new(unsafe { System.alloc(layout) }).ok_or(AllocError)
+    }
+
+    unsafe fn free_nonpaged(&self, ptr: NonNull<u8>, layout: Layout) {
+        if layout.size() != 0 {
+            // SAFETY: the caller passes a pointer from `alloc_nonpaged` with
+            // its layout, which came from `System.alloc`.
+            unsafe { System.dealloc(ptr.as_ptr(), layout) };
+        }
+    }
+}
