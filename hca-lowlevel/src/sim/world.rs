@@ -400,7 +400,7 @@ pub(crate) struct Shared {
     clock: Clock,
     delivery: Mutex<()>,
     pub stop: AtomicBool,
-    pub device_thread: Mutex<Option<std::thread::Thread>>,
+    pub device_thread: std::sync::OnceLock<std::thread::Thread>,
     pub bad_doorbells: AtomicU64,
 }
 
@@ -417,7 +417,7 @@ impl Shared {
             },
             delivery: Mutex::new(()),
             stop: AtomicBool::new(false),
-            device_thread: Mutex::new(None),
+            device_thread: std::sync::OnceLock::new(),
             bad_doorbells: AtomicU64::new(0),
         }
     }
@@ -462,12 +462,8 @@ impl Shared {
         self.pending.store(true, Ordering::SeqCst);
         match self.mode {
             ExecMode::Thread => {
-                if let Some(t) = self
-                    .device_thread
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .as_ref()
-                {
+                // Lock-free: a doorbell never waits.
+                if let Some(t) = self.device_thread.get() {
                     t.unpark();
                 }
             }
