@@ -49,7 +49,7 @@ pub use fault::FaultConfig;
 pub use mem::{PAGE_SIZE, PhysMemory, SimDmaAllocator};
 pub use qp::{GRH_LEN, QpStats};
 pub use resources::RESERVED_LKEY;
-pub use world::{CapturedFrame, ExecMode, FabricStats};
+pub use world::{CapturedFrame, ExecMode, FabricStats, device_model_active};
 
 use mem::DeviceMem;
 use qp::{Qp, QpDoorbellShared, SqDoorbell};

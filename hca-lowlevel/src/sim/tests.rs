@@ -962,6 +962,8 @@ fn inline_doorbell_completes_before_post_returns() {
     struct Probe(AtomicUsize);
     impl CqEventHandler for Probe {
         fn completion_event(&self, _cqn: u32) {
+            // Handlers are driver code, not the device model.
+            assert!(!device_model_active());
             if POSTING.load(Ordering::SeqCst) {
                 self.0.fetch_add(1, Ordering::SeqCst);
             }
