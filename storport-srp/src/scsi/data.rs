@@ -603,6 +603,33 @@ mod tests {
     }
 
     #[test]
+    fn emit_refuses_short_buffers() {
+        let mut short = [0u8; 31];
+        assert_eq!(
+            ReadCapacity10Repr::default()
+                .emit(&mut ReadCapacity10Data::new_unchecked(&mut short[..7])),
+            Err(DataError::BufferTooSmall)
+        );
+        assert_eq!(
+            ReadCapacity16Repr::default().emit(&mut ReadCapacity16Data::new_unchecked(&mut short)),
+            Err(DataError::BufferTooSmall)
+        );
+        assert_eq!(
+            StandardInquiryRepr::default().emit(&mut StandardInquiry::new_unchecked(&mut short)),
+            Err(DataError::BufferTooSmall)
+        );
+        assert_eq!(short, [0; 31], "a refused emit writes nothing");
+        let wide = StandardInquiryRepr {
+            device_type: 0x20,
+            ..Default::default()
+        };
+        assert_eq!(
+            wide.emit(&mut StandardInquiry::new_unchecked(&mut [0u8; 36])),
+            Err(DataError::NotRepresentable)
+        );
+    }
+
+    #[test]
     fn report_luns_truncation() {
         let list = [
             Lun::from_index(0).unwrap(),
