@@ -34,10 +34,41 @@
 #![expect(unsafe_code, reason = "SPSC slot hand-off over UnsafeCell")]
 
 use alloc::boxed::Box;
-use core::cell::UnsafeCell;
 use core::fmt;
 
 use crate::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+
+/// The slot cell: `core`'s `UnsafeCell` normally, loom's under `cfg(loom)`
+/// so the model checks every access against the hand-off protocol.
+struct Cell<T> {
+    #[cfg(not(loom))]
+    inner: core::cell::UnsafeCell<T>,
+    #[cfg(loom)]
+    inner: loom::cell::UnsafeCell<T>,
+}
+
+impl<T> Cell<T> {
+    fn new(value: T) -> Self {
+        Cell {
+            #[cfg(not(loom))]
+            inner: core::cell::UnsafeCell::new(value),
+            #[cfg(loom)]
+            inner: loom::cell::UnsafeCell::new(value),
+        }
+    }
+
+    /// Runs `f` on the cell's pointer; the caller must own the cell.
+    fn with_mut<R>(&self, f: impl FnOnce(*mut T) -> R) -> R {
+        #[cfg(not(loom))]
+        {
+            f(self.inner.get())
+        }
+        #[cfg(loom)]
+        {
+            self.inner.with_mut(f)
+        }
+    }
+}
 
 /// A counter the caller passed lies outside the region its side owns.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -51,7 +82,7 @@ pub struct OutOfWindow;
 /// capacity`; a cell is accessed only by the side that owns its index under
 /// the protocol, while that side holds its claim.
 pub struct SlotRing<T> {
-    cells: Box<[UnsafeCell<Option<T>>]>,
+    cells: Box<[Cell<Option<T>>]>,
     mask: u32,
     published: AtomicU32,
     reclaimed: AtomicU32,
@@ -86,7 +117,7 @@ impl<T> SlotRing<T> {
     pub fn new(capacity: u32) -> Self {
         let n = capacity.max(1).next_power_of_two();
         SlotRing {
-            cells: (0..n).map(|_| UnsafeCell::new(None)).collect(),
+            cells: (0..n).map(|_| Cell::new(None)).collect(),
             mask: n - 1,
             published: AtomicU32::new(0),
             reclaimed: AtomicU32::new(0),
@@ -141,17 +172,18 @@ impl<T> SlotRing<T> {
     /// RESET). `&mut self` proves no side is active.
     pub fn reset(&mut self) -> usize {
         let mut dropped = 0;
-        for cell in self.cells.iter_mut() {
-            if cell.get_mut().take().is_some() {
+        for cell in self.cells.iter() {
+            // SAFETY: `&mut self`: no side is active, every cell is ours.
+            if cell.with_mut(|p| unsafe { (*p).take() }).is_some() {
                 dropped += 1;
             }
         }
-        *self.published.get_mut() = 0;
-        *self.reclaimed.get_mut() = 0;
+        self.published.store(0, Ordering::Relaxed);
+        self.reclaimed.store(0, Ordering::Relaxed);
         dropped
     }
 
-    fn cell(&self, index: u32) -> Option<&UnsafeCell<Option<T>>> {
+    fn cell(&self, index: u32) -> Option<&Cell<Option<T>>> {
         self.cells.get((index & self.mask) as usize)
     }
 }
@@ -200,7 +232,7 @@ impl<T> Producer<'_, T> {
         // SAFETY: `index` is in the producer's region (checked above) and
         // this is the only producer (the claim), so nobody else touches
         // the cell until it is published.
-        Ok(unsafe { (*cell.get()).replace(value) })
+        Ok(cell.with_mut(|p| unsafe { (*p).replace(value) }))
     }
 
     /// Takes back the value at an unpublished `index` (an aborted batch).
@@ -214,7 +246,7 @@ impl<T> Producer<'_, T> {
         }
         let cell = self.ring.cell(index).ok_or(OutOfWindow)?;
         // SAFETY: as in `put`: the producer owns the unpublished region.
-        Ok(unsafe { (*cell.get()).take() })
+        Ok(cell.with_mut(|p| unsafe { (*p).take() }))
     }
 
     /// Hands every slot below `to` to the consumer (Release).
@@ -284,7 +316,7 @@ impl<T> Consumer<'_, T> {
         // SAFETY: `index` is published (Acquire above pairs with the
         // producer's Release) and not reclaimed, so the consumer owns the
         // cell; this is the only consumer (the claim).
-        Ok(unsafe { (*cell.get()).take() })
+        Ok(cell.with_mut(|p| unsafe { (*p).take() }))
     }
 
     /// Gives every slot below `to` back to the producer (Release).

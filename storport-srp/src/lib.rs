@@ -20,4 +20,5 @@ extern crate alloc;
 
 #[cfg(feature = "nt")]
 pub mod nt;
+pub mod scsi;
 pub mod wire;

@@ -86,7 +86,9 @@ impl World {
             Mode::Stepped => {
                 self.fabric.run_until_idle();
                 self.platform.run_until_idle(&mut |_| 0, 100_000);
-                self.fabric.run_until_idle();
+                // Let device timers (RNR, ACK timeout) run on the virtual
+                // clock.
+                self.fabric.advance(Duration::from_micros(100));
             }
             Mode::Threaded => std::thread::sleep(Duration::from_micros(200)),
         }
