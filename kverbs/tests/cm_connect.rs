@@ -22,7 +22,13 @@ use vsupport::{MODES, Mode, World};
 fn connect_accept_data_disconnect(mode: Mode) {
     let w = World::new(mode);
     w.platform.run_passive(|p| {
-        let env = Env::new(&w, p);
+        // A long timewait (≈ 0.5 s), to see the consumers freed well before
+        // it ends.
+        let cfg = kverbs::cm::CmConfig {
+            timewait: kverbs::wire::IbTimeout::new(17).unwrap(),
+            ..cm_config()
+        };
+        let env = Env::with_configs(&w, p, cfg, cfg);
         let client = Recorder::new();
         let server = Recorder::new();
         let qa = ConsumerQp::new(&env.a.node, &env.a.port, p);
@@ -116,6 +122,12 @@ fn connect_accept_data_disconnect(mode: Mode) {
         let t = server.terminal_of(b).unwrap();
         assert_eq!(t.kind, Kind::Disconnected(DisconnectCause::Remote));
         assert_eq!(&t.data()[..3], b"bye");
+        // Neither consumer waited for timewait (nor for the DREP).
+        assert!(matches!(
+            env.a.port.state(a, p),
+            Some(CmState::DreqSent | CmState::TimeWait)
+        ));
+        assert_eq!(env.b.port.state(b, p), Some(CmState::TimeWait));
         assert_eq!(ha.query_qp(qa.qp.qpn()).unwrap().state, QpState::Err);
         assert_eq!(hb.query_qp(qb.qp.qpn()).unwrap().state, QpState::Err);
         // The slots leave timewait on their own.
