@@ -36,7 +36,10 @@ impl CmEffects for Fx {
 
     fn modify_qp(&mut self, id: CmId, _qpn: Qpn, _modify: &QpModify) {
         let seen = self.events.get(&(id.slot(), id.generation()));
-        assert!(!seen.is_some_and(|e| e.contains(&true)), "QP modify after the terminal event");
+        assert!(
+            !seen.is_some_and(|e| e.contains(&true)),
+            "QP modify after the terminal event"
+        );
         assert!(!self.qp.contains(&id), "two QP modifies outstanding");
         self.qp.push_back(id);
     }
@@ -47,7 +50,10 @@ impl CmEffects for Fx {
         if !event.is_terminal() {
             assert!(seen.is_empty(), "Established twice or late");
         }
-        assert!(!self.qp.contains(&id) || !event.is_terminal(), "terminal with QP busy");
+        assert!(
+            !self.qp.contains(&id) || !event.is_terminal(),
+            "terminal with QP busy"
+        );
         seen.push(event.is_terminal());
     }
 
@@ -150,9 +156,15 @@ fuzz_target!(|data: &[u8]| {
     let mut now = 1_000u64;
     let mut templates = Vec::new();
     let mut ids: Vec<(usize, CmId)> = Vec::new();
-    sides[1].cm.listen(ep.service_id(), ListenKind::RdmaCm).unwrap();
+    sides[1]
+        .cm
+        .listen(ep.service_id(), ListenKind::RdmaCm)
+        .unwrap();
     // A connection to start from.
-    let a = sides[0].cm.connect(now, &request(0x100), &mut sides[0].fx).unwrap();
+    let a = sides[0]
+        .cm
+        .connect(now, &request(0x100), &mut sides[0].fx)
+        .unwrap();
     ids.push((0, a));
     pump(&mut sides, now, true, &mut templates);
     if let Some(&b) = sides[1].fx.requests.first() {
@@ -216,7 +228,10 @@ fuzz_target!(|data: &[u8]| {
                 // A new connection, or an answer to a pending request.
                 if op & 0x10 == 0 {
                     next_qpn += 1;
-                    if let Ok(id) = sides[0].cm.connect(now, &request(next_qpn), &mut sides[0].fx) {
+                    if let Ok(id) = sides[0]
+                        .cm
+                        .connect(now, &request(next_qpn), &mut sides[0].fx)
+                    {
                         ids.push((0, id));
                     }
                 } else if let Some(id) = sides[1].fx.requests.pop() {
@@ -237,7 +252,13 @@ fuzz_target!(|data: &[u8]| {
     }
     for id in std::mem::take(&mut sides[1].fx.requests) {
         let s = &mut sides[1];
-        let _ = s.cm.reject(now, id, kverbs::wire::RejectReason::NoResources, &[], &mut s.fx);
+        let _ = s.cm.reject(
+            now,
+            id,
+            kverbs::wire::RejectReason::NoResources,
+            &[],
+            &mut s.fx,
+        );
     }
     pump(&mut sides, now, true, &mut templates);
     for _ in 0..10_000 {

@@ -7,8 +7,7 @@
 #![no_main]
 
 use hca_lowlevel::wire::{
-    EthernetFrame, IncomingFrame, Ipv4Packet, RoceV2FrameRepr, emit_arp_frame, icrc_ipv4,
-    Error,
+    Error, EthernetFrame, IncomingFrame, Ipv4Packet, RoceV2FrameRepr, emit_arp_frame, icrc_ipv4,
 };
 use libfuzzer_sys::fuzz_target;
 
