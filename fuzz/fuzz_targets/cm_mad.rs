@@ -18,11 +18,7 @@ fn round_trip(mad: &[u8]) {
     assert_eq!(repr.emit(&mut out), Ok(256));
     assert_eq!(CmMadRepr::parse(&out), Ok(repr));
     if let CmMessage::Req(req) = repr.message {
-        let _ = (
-            req.service_id.port_space(),
-            req.service_id.port(),
-            req.path_mtu.bytes(),
-        );
+        let _ = (req.service_id.port_space(), req.service_id.port(), req.path_mtu.bytes());
         if let Ok((cma, user)) = CmaHeaderRepr::parse_private_data(req.private_data) {
             assert_eq!(user.len(), req.private_data.len() - 36);
             let mut hdr = [0u8; 36];
@@ -36,15 +32,10 @@ fuzz_target!(|data: &[u8]| {
     if let Ok(header) = MadHeaderRepr::parse(&MadHeader::new_unchecked(data)) {
         let mut out = [0u8; 24];
         header.emit(&mut MadHeader::new_unchecked(&mut out[..]));
-        assert_eq!(
-            MadHeaderRepr::parse(&MadHeader::new_unchecked(&out[..])),
-            Ok(header)
-        );
+        assert_eq!(MadHeaderRepr::parse(&MadHeader::new_unchecked(&out[..])), Ok(header));
     }
     let _ = ServiceId(u64::from_le_bytes(
-        data.get(..8)
-            .and_then(|b| b.try_into().ok())
-            .unwrap_or([0; 8]),
+        data.get(..8).and_then(|b| b.try_into().ok()).unwrap_or([0; 8]),
     ))
     .port_space();
     let _ = CmaHeaderRepr::parse_private_data(data);

@@ -9,17 +9,8 @@ use libfuzzer_sys::fuzz_target;
 fuzz_target!(|data: &[u8]| {
     // Views over arbitrary (possibly short) buffers never panic.
     let bth = Bth::new_unchecked(data);
-    let _ = (
-        bth.opcode(),
-        bth.pad_count(),
-        bth.dest_qp(),
-        bth.psn(),
-        bth.ack_req(),
-    );
-    let _ = (
-        Reth::new_unchecked(data).dma_len(),
-        Deth::new_unchecked(data).src_qp(),
-    );
+    let _ = (bth.opcode(), bth.pad_count(), bth.dest_qp(), bth.psn(), bth.ack_req());
+    let _ = (Reth::new_unchecked(data).dma_len(), Deth::new_unchecked(data).src_qp());
     let _ = Aeth::new_unchecked(data).syndrome();
 
     let Ok(repr) = IbPacketRepr::parse(data) else {

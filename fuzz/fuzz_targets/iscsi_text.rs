@@ -14,11 +14,7 @@ fuzz_target!(|input: &[u8]| {
     let Some((&mode, data)) = input.split_first() else {
         return;
     };
-    let limits = if mode & 1 == 0 {
-        Limits::NEGOTIATION
-    } else {
-        Limits::SEND_TARGETS
-    };
+    let limits = if mode & 1 == 0 { Limits::NEGOTIATION } else { Limits::SEND_TARGETS };
     let Ok(text) = TextData::parse(data, &limits) else {
         return;
     };
@@ -28,9 +24,7 @@ fuzz_target!(|input: &[u8]| {
     let mut out = vec![0u8; data.len()];
     let mut writer = TextWriter::with_repeats(&mut out, limits.repeats);
     for pair in text.pairs() {
-        writer
-            .push(pair.key, pair.value)
-            .expect("a validated pair is writable");
+        writer.push(pair.key, pair.value).expect("a validated pair is writable");
     }
     let len = writer.finish();
     assert_eq!(&out[..len], data);

@@ -7,7 +7,8 @@
 #![no_main]
 
 use hca_lowlevel::wire::{
-    Error, EthernetFrame, IncomingFrame, Ipv4Packet, RoceV2FrameRepr, emit_arp_frame, icrc_ipv4,
+    EthernetFrame, IncomingFrame, Ipv4Packet, RoceV2FrameRepr, emit_arp_frame, icrc_ipv4,
+    Error,
 };
 use libfuzzer_sys::fuzz_target;
 

@@ -28,12 +28,7 @@ fuzz_target!(|input: &[u8]| {
 
     if let Ok(login) = LoginReqRepr::parse_rdma(&LoginReqRdma::new_unchecked(iu)) {
         let mut out = [0u8; 56];
-        login
-            .emit_rdma(&mut LoginReqRdma::new_unchecked(&mut out[..]))
-            .unwrap();
-        assert_eq!(
-            LoginReqRepr::parse_rdma(&LoginReqRdma::new_unchecked(&out[..])),
-            Ok(login)
-        );
+        login.emit_rdma(&mut LoginReqRdma::new_unchecked(&mut out[..])).unwrap();
+        assert_eq!(LoginReqRepr::parse_rdma(&LoginReqRdma::new_unchecked(&out[..])), Ok(login));
     }
 });
