@@ -40,6 +40,7 @@ fn connect_accept_data_disconnect(mode: Mode) {
             data: b"SRP_LOGIN_RSP".to_vec(),
         };
         env.listen_b(&server, p);
+        w.fabric.set_capture(true);
         let a = env.connect_a(&qa, b"SRP_LOGIN_REQ", &client, p).unwrap();
         w.wait("both sides established", || {
             client.has(a, Kind::Established)
@@ -48,6 +49,33 @@ fn connect_accept_data_disconnect(mode: Mode) {
                     .is_some_and(|b| server.has(b, Kind::Established))
         });
         let b = server.last_request().unwrap();
+        // On the wire (RoCEv2, raw offsets: Ethernet 14, IPv4 20, UDP 8,
+        // BTH 12, DETH 8): each CM MAD is a UD SEND_ONLY from QP1 to QP1
+        // with the GSI Q_Key and the default P_Key, a whole 256-byte MAD.
+        let cm_frames: Vec<Vec<u8>> = w
+            .fabric
+            .take_captured()
+            .into_iter()
+            .map(|f| f.bytes)
+            .filter(|f| f.len() > 62 && f[42] == 0x64)
+            .collect();
+        w.fabric.set_capture(false);
+        let attrs: Vec<u16> = cm_frames
+            .iter()
+            .map(|f| u16::from_be_bytes([f[62 + 16], f[62 + 17]]))
+            .collect();
+        assert_eq!(attrs, [0x0010, 0x0013, 0x0014], "REQ, REP, RTU");
+        for (i, f) in cm_frames.iter().enumerate() {
+            assert_eq!(u16::from_be_bytes([f[36], f[37]]), 4791, "RoCEv2 UDP port");
+            assert_eq!(&f[44..46], &[0xff, 0xff], "BTH P_Key");
+            assert_eq!(&f[47..50], &[0, 0, 1], "BTH DestQP: QP1");
+            assert_eq!(&f[54..58], &[0x80, 0x01, 0x00, 0x00], "DETH Q_Key: GSI");
+            assert_eq!(&f[59..62], &[0, 0, 1], "DETH SrcQP: QP1");
+            assert_eq!(f.len(), 62 + 256 + 4, "MAD then ICRC");
+            let (src, dst) = if i == 1 { (IP_B, IP_A) } else { (IP_A, IP_B) };
+            assert_eq!(&f[26..30], &src, "IPv4 source");
+            assert_eq!(&f[30..34], &dst, "IPv4 destination");
+        }
         // The listener saw the consumer's bytes after the RDMA/CM header.
         let (_, _, len, data) = server.requests.lock().unwrap()[0];
         assert_eq!(len, 56);

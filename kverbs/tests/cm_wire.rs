@@ -68,7 +68,9 @@ fn req_from_c(c_gid: Gid, comm: u32, guid: u64, qpn: u32, pd: &mut [u8; 92]) -> 
         transport_service_type: TransportServiceType::Rc,
         end_to_end_flow_control: true,
         starting_psn: Psn::new(0x77).unwrap(),
-        local_cm_response_timeout: IbTimeout::new(14).unwrap(),
+        // B waits this long (≈ 4.3 s) for C's RTU before repeating its
+        // REP: longer than the test, so nothing times out under it.
+        local_cm_response_timeout: IbTimeout::new(20).unwrap(),
         retry_count: 7,
         pkey: 0xffff,
         path_mtu: PathMtu::Mtu1024,
@@ -282,6 +284,20 @@ fn malformed_and_mismatched_mads_over_the_wire() {
         c.send(b_gid, &good, p);
         w.wait("B established", || server.has(b_id, Kind::Established));
         assert_eq!(&server.events_of(b_id)[0].data()[..3], b"rtu");
+        // The same RTU again is a duplicate; from another port (D) it is
+        // not the peer's.
+        let d = RawMads::new(&w, [10, 0, 0, 4], p);
+        let before = env.b.trace.drops.lock().unwrap().len();
+        c.send(b_gid, &good, p);
+        d.send(b_gid, &good, p);
+        w.wait("both traced", || {
+            env.b.trace.drops.lock().unwrap().len() >= before + 2
+        });
+        let by_reason = drops_by_reason(&env.b.trace);
+        assert_eq!(by_reason.get("Duplicate"), Some(&1));
+        assert_eq!(by_reason.get("WrongPeer"), Some(&1));
+        assert_eq!(server.kinds_of(b_id), [Kind::Established]);
+        d.destroy(&w, p);
         c.send(b_gid, &dreq(0x600d, qb.qp.qpn(), b_comm), p);
         w.wait("B disconnected", || server.terminal_of(b_id).is_some());
         let t = server.terminal_of(b_id).unwrap();
