@@ -426,6 +426,22 @@ impl Slot {
             && self.consumer != Consumer::Attached
     }
 
+    /// The connection is a request its listener has not answered yet
+    /// (what `accept` and `reject` need).
+    fn check_unanswered(&self) -> Result<(), CmError> {
+        match self.consumer {
+            // Its consumer has had its last event (or rejected it).
+            Consumer::Detached => Err(CmError::UnknownId),
+            Consumer::Attached => Err(CmError::WrongState),
+            Consumer::Listener(_)
+                if matches!(self.state, CmState::ReqRcvd | CmState::MraReqSent) =>
+            {
+                Ok(())
+            }
+            Consumer::Listener(_) => Err(CmError::WrongState),
+        }
+    }
+
     fn consumer_active(&self) -> bool {
         self.consumer == Consumer::Attached && self.terminal.is_none()
     }
@@ -1679,11 +1695,7 @@ impl CmEngine {
         }
         accept.params.check()?;
         self.with_slot(index, now, fx, |slot, cx| {
-            if !matches!(slot.consumer, Consumer::Listener(_))
-                || !matches!(slot.state, CmState::ReqRcvd | CmState::MraReqSent)
-            {
-                return Err(CmError::WrongState);
-            }
+            slot.check_unanswered()?;
             slot.consumer = Consumer::Attached;
             slot.local_qpn = accept.qp.qpn;
             slot.local_psn = accept.qp.starting_psn.unwrap_or_else(|| cx.ids.next_psn());
@@ -1731,11 +1743,7 @@ impl CmEngine {
             return Err(CmError::PrivateDataTooLong(limits::REJ));
         }
         self.with_slot(index, now, fx, |slot, cx| {
-            if !matches!(slot.consumer, Consumer::Listener(_))
-                || !matches!(slot.state, CmState::ReqRcvd | CmState::MraReqSent)
-            {
-                return Err(CmError::WrongState);
-            }
+            slot.check_unanswered()?;
             // Linux `cm_format_rej`: the local ID stays hidden (0) unless an
             // MRA has already revealed it.
             let reveal = slot.state == CmState::MraReqSent;

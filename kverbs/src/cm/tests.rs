@@ -1169,7 +1169,7 @@ fn unlisten_rejects_unanswered_requests() {
     assert_eq!(
         side.cm
             .accept(net.now, b, &accept_request(&[], 1, 1), &mut side.rec),
-        Err(CmError::WrongState)
+        Err(CmError::UnknownId)
     );
     assert_eq!(side.cm.listeners_in_use(), 0);
 }

@@ -1269,3 +1269,60 @@ fn disconnect_in_every_state() {
         }
     }
 }
+
+#[test]
+fn accept_and_reject_in_every_state() {
+    // Only a request nobody has answered can be accepted or rejected; a
+    // connection whose consumer is gone is unknown, any other is in the
+    // wrong state.
+    let unanswered = ["P:ReqRcvd", "P:MraReqSent"];
+    let gone = [
+        "A:DreqSent",
+        "A:TimeWait",
+        "P:DreqSent",
+        "P:TimeWait",
+        "P:Closed",
+    ];
+    for state in STATES {
+        let want = if unanswered.contains(&state) {
+            None
+        } else if gone.contains(&state) {
+            Some(CmError::UnknownId)
+        } else {
+            Some(CmError::WrongState)
+        };
+        let accept = AcceptRequest {
+            qp: LocalQp {
+                qpn: qpn(0x300),
+                starting_psn: None,
+            },
+            params: ConnParams::SRP,
+            private_data: &[],
+        };
+        let (mut s, _) = build(state);
+        s.clear();
+        let got = s.x.accept(s.now, s.id, &accept, &mut s.rec).err();
+        assert_eq!(got, want, "accept in {state}");
+        if want.is_some() {
+            assert!(s.rec.sent.is_empty() && s.rec.qp_log.is_empty(), "{state}");
+        } else {
+            assert_eq!(s.x.state(s.id), Some(CmState::Accepting));
+        }
+        let (mut s, _) = build(state);
+        s.clear();
+        let got =
+            s.x.reject(
+                s.now,
+                s.id,
+                RejectReason::ConsumerDefined,
+                b"no",
+                &mut s.rec,
+            )
+            .err();
+        assert_eq!(got, want, "reject in {state}");
+        if want.is_none() {
+            assert_eq!(s.sent_names(), "REJ(28)");
+            assert_eq!(s.x.state(s.id), Some(CmState::Closed));
+        }
+    }
+}
