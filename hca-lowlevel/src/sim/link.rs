@@ -764,13 +764,35 @@ impl EthLink {
     }
 }
 
-/// The UDP source port rxe gives a QP's packets: `0xC000` plus 14 bits of
-/// the kernel's multiplicative `hash_32` of the QPN (`rxe_qp_init_req`), so
-/// that one QP is one flow for ECMP and receive-side scaling.
+/// The UDP source port rxe gives a datagram QP's packets (QP1 included):
+/// `0xC000` plus 14 bits of the kernel's multiplicative `hash_32` of the
+/// QPN (`rxe_qp_init_req`), so that one QP is one flow for ECMP and
+/// receive-side scaling. Connected QPs use [`roce_udp_src_port`] instead.
 #[must_use]
 pub fn rxe_udp_src_port(qpn: u32) -> u16 {
     const GOLDEN_RATIO_32: u32 = 0x61c8_8647;
     let hash = qpn.wrapping_mul(GOLDEN_RATIO_32) >> (32 - 14);
     // CAST: 14 bits.
     0xc000 | (hash & 0x3fff) as u16
+}
+
+/// The UDP source port of a connected QP's packets, as Linux (and rxe,
+/// once the QP has its path) computes it: from the path's flow label, or if
+/// that is 0 from the two QPNs (`rdma_calc_flow_label`), folded into the
+/// dynamic port range (`rdma_flow_label_to_udp_sport`).
+#[must_use]
+pub fn roce_udp_src_port(flow_label: u32, local_qpn: u32, remote_qpn: u32) -> u16 {
+    let flow_label = match flow_label & 0xf_ffff {
+        0 => {
+            let mut v = u64::from(local_qpn) * u64::from(remote_qpn);
+            v ^= v >> 20;
+            v ^= v >> 40;
+            // CAST: masked to 20 bits.
+            (v & 0xf_ffff) as u32
+        }
+        fl => fl,
+    };
+    let low = (flow_label & 0x3fff) ^ ((flow_label & 0xf_c000) >> 14);
+    // CAST: 14 bits.
+    0xc000 | low as u16
 }

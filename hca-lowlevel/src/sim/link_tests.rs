@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use super::link::{MIN_FRAME_LEN, rxe_udp_src_port};
+use super::link::{MIN_FRAME_LEN, roce_udp_src_port, rxe_udp_src_port};
 use super::testkit::*;
 use super::*;
 use crate::cqe::CqeOpcode;
@@ -329,7 +329,7 @@ fn resolution_retries_then_gives_up_and_a_late_answer_still_connects() {
     assert_eq!((p.src_ip, p.dst_ip), (Ipv4Address(IP_A), peer_ip));
     assert!(p.dont_fragment);
     assert_eq!(p.ttl, 64, "the path's hop limit");
-    assert_eq!(p.udp_src_port, rxe_udp_src_port(n.qp.qpn));
+    assert_eq!(p.udp_src_port, roce_udp_src_port(0, n.qp.qpn, peer_qpn));
     assert_eq!(&out[0][40..42], &[0, 0], "UDP checksum 0, as rxe sends");
     assert_eq!(p.packet.bth.dest_qp.get(), peer_qpn);
     assert_eq!(p.packet.bth.opcode.operation(), Operation::SendOnly);
@@ -994,4 +994,15 @@ fn udp_source_ports_are_rxe_s_hash_of_the_qpn() {
     for q in [0u32, 1, 2, 0x10, 0x1234, 0xff_ffff] {
         assert!(rxe_udp_src_port(q) >= 0xc000);
     }
+}
+
+#[test]
+fn connected_qps_take_the_udp_source_port_from_the_flow_label() {
+    // Seen on the wire from Linux 6.1 rxe: QP 0x11 talking to QP 0x11.
+    assert_eq!(roce_udp_src_port(0, 0x11, 0x11), 0xc121);
+    // fl = (l * r) ^ high bits, then bits 14..20 folded onto 0..6.
+    assert_eq!(roce_udp_src_port(0, 0x12, 0x345), 0xc000 | 0x3ada);
+    assert_eq!(roce_udp_src_port(0x5_4321, 7, 9), 0xc000 | (0x0321 ^ 0x15));
+    // (2^24-1)^2 = 0xff_fffe_0000_01: the high bits fold into the label.
+    assert_eq!(roce_udp_src_port(0, 0xff_ffff, 0xff_ffff), 0xff21);
 }

@@ -53,7 +53,10 @@ use crate::wire::{EthernetAddress, Ipv4Address};
 use crate::wqe::{MAX_PAGE_SHIFT, MAX_REG_PAGES, MAX_SEND_SGE, MIN_PAGE_SHIFT, WQEBB_SIZE};
 
 pub use fault::FaultConfig;
-pub use link::{ChannelSocket, FrameSocket, LinkConfig, LinkStats, channel_pair, rxe_udp_src_port};
+pub use link::{
+    ChannelSocket, FrameSocket, LinkConfig, LinkStats, channel_pair, roce_udp_src_port,
+    rxe_udp_src_port,
+};
 pub use mem::{PAGE_SIZE, PhysMemory, SimDmaAllocator};
 pub use qp::{GRH_LEN, QpStats};
 pub use resources::RESERVED_LKEY;

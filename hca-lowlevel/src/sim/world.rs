@@ -18,7 +18,7 @@ use crate::device::{AsyncEvent, AsyncEventHandler, GSI_QPN, Gid, Mtu, PortState}
 use crate::wire::{EthernetAddress, IbPacketRepr, Ipv4Address, RoceV2FrameRepr, Transport};
 
 use super::fault::{FaultConfig, Faults};
-use super::link::{Delivery, EthLink, rxe_udp_src_port};
+use super::link::{Delivery, EthLink};
 use super::mem::PhysMemory;
 use super::qp::{Ctx, Qp};
 use super::resources::{Cq, CqShared, Mr};
@@ -62,7 +62,7 @@ impl Outbox {
         dst: Gid,
         tos: u8,
         ttl: u8,
-        src_qpn: u32,
+        udp_src_port: u16,
         pkt: &IbPacketRepr<'_>,
     ) {
         let (Some(src_ip), Some(dst_ip)) = (src.to_ipv4(), dst.to_ipv4()) else {
@@ -78,7 +78,7 @@ impl Outbox {
             ttl,
             ident: 0,
             dont_fragment: true,
-            udp_src_port: rxe_udp_src_port(src_qpn),
+            udp_src_port,
             packet: *pkt,
         };
         let mut buf = vec![0u8; frame.buffer_len()];
