@@ -65,7 +65,7 @@ const IU_SLOTS: u32 = 16;
 const IU_SLOT: u64 = 4096;
 const REQ_IT_IU_LEN: u32 = 4096;
 /// The PSN our receive queue starts at (REQ Starting PSN, Linux rule).
-const OUR_RQ_PSN: u32 = 0x00_a1_b2c3;
+const OUR_RQ_PSN: u32 = 0x00a1_b2c3;
 const BLOCK: usize = 512;
 
 fn prepared_or_skip(test: &str) -> Option<Prepared> {
@@ -619,7 +619,7 @@ fn raw_srp_session_against_linux_srpt_over_rxe() {
         .emit_rdma(&mut LoginReqRdma::new_unchecked(&mut pdata[36..]))
         .unwrap();
     let service = ServiceId::rdma_cm(PortSpace::Tcp, srpt.rdma_cm_port);
-    assert_eq!(u64::from(service.0), srpt.service_id);
+    assert_eq!(service.0, srpt.service_id);
     // Receives for srpt's IUs before anything can arrive.
     host.post_iu_recvs(4);
     let our_comm_id = 0x2222_0002;
