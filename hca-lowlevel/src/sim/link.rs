@@ -7,8 +7,10 @@
 //! port on a small Ethernet segment, like an `rdma_rxe` device on a netdev:
 //!
 //! * **Transmit**: the engine's frames (Ethernet II, IPv4 with DF and the
-//!   TTL from the path's hop limit, UDP 4791 with checksum 0 and the source
-//!   port rxe derives from the QPN, the IBA packet, the ICRC) get the port's
+//!   TTL from the path's hop limit, UDP 4791 with checksum 0 and rxe's
+//!   source port — [`roce_udp_src_port`] of the path's flow label for a
+//!   connected QP, [`rxe_udp_src_port`] of the QPN for a datagram QP — the
+//!   IBA packet, the ICRC) get the port's
 //!   MAC as source and the peer's MAC, resolved by **ARP**, as destination.
 //!   The first frame to an unknown IPv4 address starts a resolution: a
 //!   broadcast request now and again every `arp_retry_interval`, up to
@@ -719,8 +721,10 @@ impl EthLink {
                 }
             }
             ArpOperation::Reply => {
+                // Like Linux with arp_accept=0: a reply resolves (or
+                // refreshes) an entry we have, it does not create one.
                 self.stats.rx_arp_replies += 1;
-                self.learn(now, sender.0, sender.1, true);
+                self.learn(now, sender.0, sender.1, false);
             }
         }
     }

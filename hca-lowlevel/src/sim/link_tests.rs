@@ -168,6 +168,25 @@ fn arp_requests_for_our_address_are_answered_and_teach_the_sender() {
     );
     // The requester was learnt: no request of ours is needed to reach it.
     assert_eq!(f.link_neighbors(&n.hca), vec![(peer_ip, MAC_PEER)]);
+
+    // An unsolicited reply creates no entry; one for a known address
+    // updates it.
+    let stranger = Ipv4Address::new(10, 0, 0, 50);
+    let moved = EthernetAddress([0x52, 0x54, 0, 0, 0, 0x99]);
+    for (ip, mac) in [(stranger, MAC_B), (peer_ip, moved)] {
+        let reply = ArpRepr {
+            operation: ArpOperation::Reply,
+            source_hardware_addr: mac,
+            source_protocol_addr: ip,
+            target_hardware_addr: MAC_A,
+            target_protocol_addr: Ipv4Address(IP_A),
+        };
+        peer.send(&arp_frame(MAC_A, mac, &reply));
+    }
+    f.run_until_idle();
+    assert_eq!(f.link_neighbors(&n.hca), vec![(peer_ip, moved)]);
+    assert_eq!(f.link_stats(&n.hca).unwrap().rx_arp_replies, 2);
+    assert!(peer.recv_all().is_empty());
 }
 
 #[test]
