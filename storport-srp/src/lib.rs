@@ -18,6 +18,8 @@
 
 extern crate alloc;
 
+pub mod miniport;
 #[cfg(feature = "nt")]
 pub mod nt;
+pub mod storport;
 pub mod wire;
