@@ -938,8 +938,9 @@ pub trait HcaDevice: Send + Sync {
 
     /// Modifies a QP: the IBA transition and attribute rules
     /// ([`check_modify`]) plus device limits. Moving to RESET empties the
-    /// rings (the driver must restart its counters at 0); moving to ERR
-    /// flushes everything outstanding.
+    /// rings and zeroes the doorbell record (the driver restarts its
+    /// counters at 0); moving to ERR flushes everything outstanding, and
+    /// WQEs posted while in ERR are flushed as the device sees them.
     ///
     /// # Errors
     /// [`HcaError::NoSuchQp`], [`HcaError::Modify`], [`HcaError::InvalidPort`],

@@ -2,4 +2,5 @@
 //! attachment tool, and the Linux target VM harness.
 
 pub mod ntbuild;
+pub mod scsi_target;
 pub mod vm;

@@ -29,8 +29,8 @@ mod world;
 #[cfg(test)]
 mod tests;
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, PoisonError};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -49,7 +49,7 @@ pub use fault::FaultConfig;
 pub use mem::{PAGE_SIZE, PhysMemory, SimDmaAllocator};
 pub use qp::{GRH_LEN, QpStats};
 pub use resources::RESERVED_LKEY;
-pub use world::{CapturedFrame, ExecMode, FabricStats};
+pub use world::{CapturedFrame, ExecMode, FabricStats, device_model_active};
 
 use mem::DeviceMem;
 use qp::{Qp, QpDoorbellShared, SqDoorbell};
@@ -137,10 +137,7 @@ impl Fabric {
                     .spawn(move || device_thread(&s))
                     .ok();
                 if let Some(h) = &h {
-                    *shared
-                        .device_thread
-                        .lock()
-                        .unwrap_or_else(PoisonError::into_inner) = Some(h.thread().clone());
+                    let _ = shared.device_thread.set(h.thread().clone());
                 }
                 h
             }

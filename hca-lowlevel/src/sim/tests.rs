@@ -962,6 +962,8 @@ fn inline_doorbell_completes_before_post_returns() {
     struct Probe(AtomicUsize);
     impl CqEventHandler for Probe {
         fn completion_event(&self, _cqn: u32) {
+            // Handlers are driver code, not the device model.
+            assert!(!device_model_active());
             if POSTING.load(Ordering::SeqCst) {
                 self.0.fetch_add(1, Ordering::SeqCst);
             }
@@ -1817,4 +1819,122 @@ fn faults_are_reproducible_from_the_seed() {
     assert_eq!(f1, f2);
     let (s3, _) = run(78);
     assert_ne!(s1, s3, "another seed, another fault pattern");
+}
+
+#[test]
+fn first_packet_in_rtr_raises_comm_established() {
+    use crate::device::AddressVector;
+    let f = Fabric::stepped();
+    let mut a = Node::new(&f, [10, 0, 0, 1], QpType::Rc).unwrap();
+    let mut b = Node::new(&f, [10, 0, 0, 2], QpType::Rc).unwrap();
+    let o = RcOptions::default();
+    a.bring_up(Some((b.hca.gid(), b.qp.qpn)), o).unwrap();
+    // b only to RTR (as a passive side before the CM RTU arrives).
+    use QpAttrMask as M;
+    let mut at = QpAttr {
+        port: 1,
+        access: o.access,
+        state: QpState::Init,
+        ..QpAttr::default()
+    };
+    b.hca
+        .modify_qp(
+            b.qp.qpn,
+            &at,
+            M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS,
+        )
+        .unwrap();
+    at.state = QpState::Rtr;
+    at.av = AddressVector {
+        dgid: a.hca.gid(),
+        hop_limit: 64,
+        ..AddressVector::default()
+    };
+    at.dest_qpn = a.qp.qpn;
+    at.rq_psn = o.psn;
+    at.max_dest_rd_atomic = 1;
+    let rtr = M::STATE
+        | M::AV
+        | M::PATH_MTU
+        | M::DEST_QPN
+        | M::RQ_PSN
+        | M::MAX_DEST_RD_ATOMIC
+        | M::MIN_RNR_TIMER;
+    b.hca.modify_qp(b.qp.qpn, &at, rtr).unwrap();
+    let dst = b.buffer(64, RW).unwrap();
+    let src = a.buffer(64, RW).unwrap();
+    b.qp.post_recv(&[dst.sge(0, 64)]).unwrap();
+    let mut w = send_wqe(
+        &a.qp,
+        SendOpcode::Send,
+        CtrlFlags::CQ_UPDATE,
+        0,
+        src.sge(0, 8),
+    );
+    a.qp.post_send(&mut w).unwrap();
+    f.run_until_idle();
+    assert_eq!(
+        b.events.asyncs(),
+        vec![AsyncEvent::CommEstablished { qpn: b.qp.qpn }]
+    );
+    // An RTR QP receives (and acknowledges) but does not send.
+    assert_eq!(one(&mut b.cq).byte_cnt, 8);
+    assert_eq!(one(&mut a.cq).error(), None);
+}
+
+#[test]
+fn gsi_requires_the_gsi_qkey() {
+    let f = Fabric::stepped();
+    let mut a = Node::new(&f, [10, 0, 0, 1], QpType::Ud).unwrap();
+    let mut b = Node::new(&f, [10, 0, 0, 2], QpType::Gsi).unwrap();
+    a.bring_up(
+        None,
+        RcOptions {
+            qkey: 0x1234,
+            ..RcOptions::default()
+        },
+    )
+    .unwrap();
+    b.bring_up(
+        None,
+        RcOptions {
+            qkey: GSI_QKEY,
+            ..RcOptions::default()
+        },
+    )
+    .unwrap();
+    let src = a.buffer(256, RW).unwrap();
+    let dst = b.buffer(512, RW).unwrap();
+    b.qp.post_recv(&[dst.sge(0, 512)]).unwrap();
+    let send = |a: &mut Node, qkey: u32| {
+        let av = DatagramSegRepr {
+            qkey,
+            dqpn: GSI_QPN,
+            rgid: b.hca.gid().0,
+            ..Default::default()
+        };
+        let mut w = a.qp.builder(SendOpcode::Send, CtrlFlags::CQ_UPDATE, 0);
+        w.datagram(&av).unwrap().data(src.sge(0, 24)).unwrap();
+        a.qp.post_send(&mut w).unwrap();
+        f.run_until_idle();
+    };
+    // A plain Q_Key is not the GSI's: dropped.
+    send(&mut a, 0x1234);
+    // GSI_QKEY has bit 31 set (a controlled Q_Key): a work request cannot
+    // carry it; it selects the QP's own Q_Key, which a privileged consumer
+    // sets to the GSI Q_Key.
+    send(&mut a, GSI_QKEY);
+    assert_eq!(b.hca.qp_stats(GSI_QPN).unwrap().ud_dropped, 2);
+    let q = QpAttr {
+        state: QpState::Rts,
+        qkey: GSI_QKEY,
+        ..QpAttr::default()
+    };
+    a.hca
+        .modify_qp(a.qp.qpn, &q, QpAttrMask::STATE | QpAttrMask::QKEY)
+        .unwrap();
+    send(&mut a, 0x8000_0000);
+    assert_eq!(b.hca.qp_stats(GSI_QPN).unwrap().ud_dropped, 2);
+    let r = one(&mut b.cq);
+    assert_eq!((r.src_qpn, r.byte_cnt), (a.qp.qpn, 64));
 }

@@ -389,6 +389,27 @@ thread_local! {
     /// Set while this thread delivers device events: a doorbell rung from a
     /// handler does not re-enter the engine (the running loop picks it up).
     static IN_DEVICE: Cell<bool> = const { Cell::new(false) };
+    /// Set while this thread executes the device model itself (not the
+    /// event handlers it calls).
+    static IN_MODEL: Cell<bool> = const { Cell::new(false) };
+}
+
+/// True while the calling thread is executing the software HCA's device
+/// model (for example inline in a doorbell write, in stepped-inline mode).
+/// A host verifier that counts allocations or blocking at DISPATCH_LEVEL
+/// should attribute what happens then to the "hardware", not the driver:
+/// the model allocates (packets, frames) where real hardware would not.
+/// Event handlers the model calls run with this flag clear.
+#[must_use]
+pub fn device_model_active() -> bool {
+    IN_MODEL.with(Cell::get)
+}
+
+fn in_model<R>(f: impl FnOnce() -> R) -> R {
+    let was = IN_MODEL.with(|m| m.replace(true));
+    let r = f();
+    IN_MODEL.with(|m| m.set(was));
+    r
 }
 
 /// State shared by the fabric, its HCAs and their doorbell registers.
@@ -400,7 +421,7 @@ pub(crate) struct Shared {
     clock: Clock,
     delivery: Mutex<()>,
     pub stop: AtomicBool,
-    pub device_thread: Mutex<Option<std::thread::Thread>>,
+    pub device_thread: std::sync::OnceLock<std::thread::Thread>,
     pub bad_doorbells: AtomicU64,
 }
 
@@ -417,7 +438,7 @@ impl Shared {
             },
             delivery: Mutex::new(()),
             stop: AtomicBool::new(false),
-            device_thread: Mutex::new(None),
+            device_thread: std::sync::OnceLock::new(),
             bad_doorbells: AtomicU64::new(0),
         }
     }
@@ -462,12 +483,8 @@ impl Shared {
         self.pending.store(true, Ordering::SeqCst);
         match self.mode {
             ExecMode::Thread => {
-                if let Some(t) = self
-                    .device_thread
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .as_ref()
-                {
+                // Lock-free: a doorbell never waits.
+                if let Some(t) = self.device_thread.get() {
                     t.unpark();
                 }
             }
@@ -491,7 +508,7 @@ impl Shared {
             let Some(mut w) = guard else { return };
             self.pending.store(false, Ordering::SeqCst);
             w.now = self.now();
-            w.run_until_idle();
+            in_model(|| w.run_until_idle());
             let events = std::mem::take(&mut w.events);
             drop(w);
             self.deliver(events);
@@ -505,7 +522,7 @@ impl Shared {
     pub fn step(&self) -> bool {
         let mut w = self.world.lock().unwrap_or_else(PoisonError::into_inner);
         w.now = self.now();
-        let p = w.pass();
+        let p = in_model(|| w.pass());
         let events = std::mem::take(&mut w.events);
         drop(w);
         self.deliver(events);
@@ -517,6 +534,7 @@ impl Shared {
             return;
         }
         let was = IN_DEVICE.with(|f| f.replace(true));
+        let was_model = IN_MODEL.with(|m| m.replace(false));
         {
             let _g = self.delivery.lock().unwrap_or_else(PoisonError::into_inner);
             for e in events {
@@ -531,6 +549,7 @@ impl Shared {
             }
         }
         IN_DEVICE.with(|f| f.set(was));
+        IN_MODEL.with(|m| m.set(was_model));
     }
 
     /// Waits until no event delivery is in progress (destroy_cq uses it so
