@@ -7,6 +7,7 @@ use storport_srp::miniport::transport::Residual;
 use storport_srp::storport::host::{
     ModelConfig, RequestSpec, RequestState, SgDelivery, SgShape, StartIoIrql, StartIoLocking,
 };
+use storport_srp::scsi::{AdditionalSense, SenseKey};
 use storport_srp::storport::{Address, DataDirection, PnpAction, SrbFunction, SrbStatus};
 
 use support::fake::{Delivery, FakeConfig, Scripted};
@@ -129,7 +130,14 @@ fn target_statuses_map_end_to_end() {
         let (_, o) = run(&model, &RequestSpec::scsi(lun(0, 0), &[0xE7, 0, 0, 0, 0, 0]), p);
         assert_eq!(o.status, SrbStatus::ERROR.with_autosense());
         assert_eq!(o.scsi_status, 0x02);
-        assert_eq!(o.sense, scsi::sense(scsi::ILLEGAL_REQUEST, 0x20, 0).to_vec());
+        assert_eq!(
+            o.sense,
+            scsi::sense(
+                SenseKey::IllegalRequest,
+                AdditionalSense::INVALID_COMMAND_OPERATION_CODE
+            )
+            .to_vec()
+        );
         // LBA out of range.
         let blocks = model.miniport().transport().disk().blocks();
         let (_, o) = run(

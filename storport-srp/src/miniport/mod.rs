@@ -4,8 +4,8 @@
 //! [`Transport`] (the SRP and iSER engines). It owns:
 //!
 //! * the **target map**: StorPort bus 0, target `t` ↔ the transport's
-//!   attached target `t`, StorPort LUN `l` ↔ the SAM LUN
-//!   [`ScsiLun::from_storport`]`(l)`, with each target's connection state
+//!   attached target `t`, StorPort LUN `l` ↔ the SAM LUN `l` (single
+//!   level, peripheral addressing: [`Lun::from_index`]), with each target's connection state
 //!   as the transport reports it;
 //! * the **request tracker** ([`tracker`]): every request the core holds
 //!   sits in a slot addressed by its [`Tag`], written into the request's
@@ -64,6 +64,7 @@ use kverbs::rundown::Rundown;
 use kverbs::sync::{PassiveMutex, with_dispatch};
 use kverbs::worker::{CompleteAt, Outcome, RequestQueue, WorkHandler, Worker};
 
+use crate::wire::Lun;
 use crate::storport::{
     Address, AdapterLimits, BuildIo, DataAccessError, DataDirection, Dirql, DpcId,
     FindAdapterError, HwMiniport, LogEvent, LogKind, PnpAction, Srb, SrbFunction, SrbStatus,
@@ -72,7 +73,7 @@ use crate::storport::{
 use status::{SrbOutcome, TmfKind, failure_status, map_command, map_tmf};
 use tracker::{Disposition, EntryKind, Meta, ParkRefused, Tracker, VictimState};
 use transport::{
-    CommandResult, ImmediateData, PostFailed, PrepareError, ScsiCommand, ScsiLun, StartFailed, Tag,
+    CommandResult, ImmediateData, PostFailed, PrepareError, ScsiCommand, StartFailed, Tag,
     TargetState, TmfRefused, TmfResponse, Transport, TransportEvents, Upcalls,
 };
 
@@ -605,21 +606,20 @@ fn resolve_direction(srb: &impl Srb) -> Result<DataDirection, SrbStatus> {
 }
 
 /// The data direction a CDB implies, for requests that leave it
-/// unspecified.
+/// unspecified: the decoded command's, or the opcode's fixed one.
 fn cdb_direction(cdb: &[u8]) -> Option<DataDirection> {
-    let opcode = *cdb.first()?;
-    match opcode {
-        // READ(6/10/12/16), INQUIRY, REQUEST SENSE, MODE SENSE(6/10),
-        // READ CAPACITY(10/16), REPORT LUNS.
-        0x08 | 0x28 | 0xA8 | 0x88 | 0x12 | 0x03 | 0x1A | 0x5A | 0x25 | 0x9E | 0xA0 => {
-            Some(DataDirection::In)
-        }
-        // WRITE(6/10/12/16), MODE SELECT(6/10).
-        0x0A | 0x2A | 0xAA | 0x8A | 0x15 | 0x55 => Some(DataDirection::Out),
-        // TEST UNIT READY, SYNCHRONIZE CACHE(10/16).
-        0x00 | 0x35 | 0x91 => Some(DataDirection::None),
-        _ => None,
-    }
+    let direction = crate::scsi::Cdb::new_unchecked(cdb).data_direction()?;
+    Some(match direction {
+        crate::scsi::DataDirection::None => DataDirection::None,
+        crate::scsi::DataDirection::In => DataDirection::In,
+        crate::scsi::DataDirection::Out => DataDirection::Out,
+    })
+}
+
+/// The wire LUN of a StorPort LUN number (peripheral addressing; a `u8`
+/// always fits).
+fn wire_lun(lun: u8) -> Lun {
+    Lun::from_index(u16::from(lun)).unwrap_or(Lun([0, lun, 0, 0, 0, 0, 0, 0]))
 }
 
 /// The passive worker's side of stop/restart: brings the transport to the
@@ -864,7 +864,7 @@ impl<S: StorPort, T: Transport> Adapter<S, T> {
                     let command = ScsiCommand {
                         tag,
                         target: address.target,
-                        lun: ScsiLun::from_storport(address.lun),
+                        lun: wire_lun(address.lun),
                         cdb: srb.cdb(),
                         direction,
                         transfer_length: requested,
@@ -1023,7 +1023,7 @@ impl<S: StorPort, T: Transport> Adapter<S, T> {
             Ok(()) => {
                 bump(&core.counters.tmfs_sent);
                 core.log(LogKind::TaskManagement, Some(address), u64::from(tag.raw()), irql);
-                let lun = ScsiLun::from_storport(address.lun);
+                let lun = wire_lun(address.lun);
                 let sent = match (kind, victim) {
                     (TmfKind::AbortTask, Some(victim)) => {
                         self.transport

@@ -31,21 +31,8 @@
 #![forbid(unsafe_code)]
 
 use super::transport::{CommandOutcome, CommandResult, FailureKind, Residual, TmfResponse};
+use crate::scsi::Status;
 use crate::storport::SrbStatus;
-
-/// SAM status codes the mapping distinguishes (SAM-5 table 33).
-mod sam {
-    pub const GOOD: u8 = 0x00;
-    pub const CHECK_CONDITION: u8 = 0x02;
-    pub const CONDITION_MET: u8 = 0x04;
-    pub const BUSY: u8 = 0x08;
-    pub const INTERMEDIATE: u8 = 0x10;
-    pub const INTERMEDIATE_CONDITION_MET: u8 = 0x14;
-    pub const RESERVATION_CONFLICT: u8 = 0x18;
-    pub const TASK_SET_FULL: u8 = 0x28;
-    pub const ACA_ACTIVE: u8 = 0x30;
-    pub const TASK_ABORTED: u8 = 0x40;
-}
 
 /// What to write into a request on completion.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -114,8 +101,8 @@ pub fn map_command(
     } else {
         result.residual
     };
-    match status {
-        sam::GOOD | sam::CONDITION_MET | sam::INTERMEDIATE | sam::INTERMEDIATE_CONDITION_MET => {
+    match Status(status) {
+        Status::GOOD | Status::CONDITION_MET => {
             let short = matches!(residual, Residual::Underrun(r) | Residual::Overrun(r) if r > 0);
             SrbOutcome {
                 srb_status: if short {
@@ -128,7 +115,7 @@ pub fn map_command(
                 sense_len: 0,
             }
         }
-        sam::CHECK_CONDITION => {
+        Status::CHECK_CONDITION => {
             let copy = result.sense.len().min(sense_capacity).min(usize::from(u8::MAX));
             let sense_len = u8::try_from(copy).unwrap_or(u8::MAX);
             SrbOutcome {
@@ -143,7 +130,7 @@ pub fn map_command(
             }
         }
         // The target did not execute the command: nothing moved.
-        sam::BUSY | sam::TASK_SET_FULL | sam::ACA_ACTIVE | sam::RESERVATION_CONFLICT => {
+        Status::BUSY | Status::TASK_SET_FULL | Status::ACA_ACTIVE | Status::RESERVATION_CONFLICT => {
             SrbOutcome {
                 srb_status: SrbStatus::ERROR,
                 scsi_status: status,
@@ -151,13 +138,13 @@ pub fn map_command(
                 sense_len: 0,
             }
         }
-        sam::TASK_ABORTED => SrbOutcome {
+        Status::TASK_ABORTED => SrbOutcome {
             srb_status: SrbStatus::ABORTED,
             scsi_status: status,
             data_transfer_length: 0,
             sense_len: 0,
         },
-        other => SrbOutcome {
+        Status(other) => SrbOutcome {
             srb_status: SrbStatus::ERROR,
             scsi_status: other,
             data_transfer_length: moved(requested, residual),
@@ -233,8 +220,9 @@ mod tests {
             // GOOD and the other good statuses.
             (4096, r(Scsi(0x00), Whole, &[]), 18, o(SrbStatus::SUCCESS, 0, 4096, 0)),
             (4096, r(Scsi(0x04), Whole, &[]), 18, o(SrbStatus::SUCCESS, 4, 4096, 0)),
-            (4096, r(Scsi(0x10), Whole, &[]), 18, o(SrbStatus::SUCCESS, 0x10, 4096, 0)),
-            (4096, r(Scsi(0x14), Whole, &[]), 18, o(SrbStatus::SUCCESS, 0x14, 4096, 0)),
+            // INTERMEDIATE (obsolete since SAM-4: no linked commands) is
+            // not a status this initiator can have asked for.
+            (4096, r(Scsi(0x10), Whole, &[]), 18, o(SrbStatus::ERROR, 0x10, 4096, 0)),
             // Residuals.
             (4096, r(Scsi(0), Underrun(1024), &[]), 18, o(SrbStatus::DATA_OVERRUN, 0, 3072, 0)),
             (4096, r(Scsi(0), Underrun(0), &[]), 18, o(SrbStatus::SUCCESS, 0, 4096, 0)),

@@ -55,6 +55,7 @@ use core::fmt;
 use kverbs::irql::{Dispatch, LeDispatch, Passive};
 
 use crate::storport::{DataAccessError, DataDirection, QueueAction, SgElement};
+pub use crate::wire::Lun;
 
 /// The core's name for one outstanding request: a slot index and that
 /// slot's generation, so a late completion for a reused slot is recognised
@@ -73,21 +74,6 @@ impl Tag {
 impl fmt::Debug for Tag {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "Tag({}#{})", self.0 & 0xFFFF, self.0 >> 16)
-    }
-}
-
-/// A SAM logical unit number as it goes on the wire (8 bytes, single-level
-/// peripheral or flat addressing).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct ScsiLun(pub [u8; 8]);
-
-impl ScsiLun {
-    /// The 8-byte LUN for a StorPort LUN number: peripheral device
-    /// addressing for LUN < 256 (the form Linux `int_to_scsilun` and
-    /// `ib_srpt` use).
-    #[must_use]
-    pub const fn from_storport(lun: u8) -> Self {
-        Self([0, lun, 0, 0, 0, 0, 0, 0])
     }
 }
 
@@ -113,7 +99,7 @@ pub struct ScsiCommand<'a> {
     /// Which attached target (StorPort's target id).
     pub target: u8,
     /// The LUN on the wire.
-    pub lun: ScsiLun,
+    pub lun: Lun,
     /// The CDB (6 to 32 bytes).
     pub cdb: &'a [u8],
     /// Which way data moves ([`DataDirection::Unspecified`] never reaches
@@ -355,7 +341,7 @@ pub trait Transport: Send + Sync + 'static {
     fn abort_task(
         &self,
         target: u8,
-        lun: ScsiLun,
+        lun: Lun,
         victim: Tag,
         tmf: Tag,
         irql: &impl LeDispatch,
@@ -372,7 +358,7 @@ pub trait Transport: Send + Sync + 'static {
     fn reset_lun(
         &self,
         target: u8,
-        lun: ScsiLun,
+        lun: Lun,
         tmf: Tag,
         irql: &impl LeDispatch,
     ) -> Result<(), TmfRefused>;

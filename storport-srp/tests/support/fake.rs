@@ -802,7 +802,7 @@ impl Transport for FakeTransport {
     fn abort_task(
         &self,
         target: u8,
-        lun: storport_srp::miniport::transport::ScsiLun,
+        lun: storport_srp::miniport::transport::Lun,
         victim: Tag,
         tmf: Tag,
         _irql: &impl LeDispatch,
@@ -838,7 +838,7 @@ impl Transport for FakeTransport {
     fn reset_lun(
         &self,
         target: u8,
-        lun: storport_srp::miniport::transport::ScsiLun,
+        lun: storport_srp::miniport::transport::Lun,
         tmf: Tag,
         _irql: &impl LeDispatch,
     ) -> Result<(), TmfRefused> {

@@ -8,67 +8,72 @@ use std::sync::Mutex;
 /// Block size of the RAM disk.
 pub const BLOCK: usize = 512;
 
-pub fn test_unit_ready() -> [u8; 6] {
-    [0; 6]
+use storport_srp::scsi::{
+    AdditionalSense, CdbRepr, InquiryCdb, ReadCapacity10Cdb, ReadWriteCdb, ReportLunsCdb,
+    SenseKey, SenseRepr,
+};
+
+fn bytes(cdb: CdbRepr) -> Vec<u8> {
+    let full = cdb.to_cdb16().expect("representable CDB");
+    full[..cdb.buffer_len()].to_vec()
 }
 
-pub fn inquiry(allocation: u16) -> [u8; 6] {
-    let a = allocation.to_be_bytes();
-    [0x12, 0, 0, a[0], a[1], 0]
+pub fn test_unit_ready() -> Vec<u8> {
+    bytes(CdbRepr::TestUnitReady)
 }
 
-pub fn read_capacity10() -> [u8; 10] {
-    [0x25, 0, 0, 0, 0, 0, 0, 0, 0, 0]
+pub fn inquiry(allocation: u16) -> Vec<u8> {
+    bytes(CdbRepr::Inquiry(InquiryCdb {
+        evpd: false,
+        cmddt: false,
+        page_code: 0,
+        alloc_len: allocation,
+    }))
 }
 
-pub fn report_luns(allocation: u32) -> [u8; 12] {
-    let a = allocation.to_be_bytes();
-    [0xA0, 0, 0, 0, 0, 0, a[0], a[1], a[2], a[3], 0, 0]
+pub fn read_capacity10() -> Vec<u8> {
+    bytes(CdbRepr::ReadCapacity10(ReadCapacity10Cdb::default()))
 }
 
-fn rw10(op: u8, lba: u32, blocks: u16) -> [u8; 10] {
-    let l = lba.to_be_bytes();
-    let b = blocks.to_be_bytes();
-    [op, 0, l[0], l[1], l[2], l[3], 0, b[0], b[1], 0]
+pub fn report_luns(allocation: u32) -> Vec<u8> {
+    bytes(CdbRepr::ReportLuns(ReportLunsCdb {
+        select_report: 0,
+        alloc_len: allocation,
+    }))
 }
 
-pub fn read10(lba: u32, blocks: u16) -> [u8; 10] {
-    rw10(0x28, lba, blocks)
+/// READ of `blocks` at `lba` (10-byte CDB).
+pub fn read10(lba: u32, blocks: u16) -> Vec<u8> {
+    bytes(CdbRepr::Read(ReadWriteCdb::new(u64::from(lba), u32::from(blocks))))
 }
 
-pub fn write10(lba: u32, blocks: u16) -> [u8; 10] {
-    rw10(0x2A, lba, blocks)
+/// WRITE of `blocks` at `lba` (10-byte CDB).
+pub fn write10(lba: u32, blocks: u16) -> Vec<u8> {
+    bytes(CdbRepr::Write(ReadWriteCdb::new(u64::from(lba), u32::from(blocks))))
 }
 
-fn rw16(op: u8, lba: u64, blocks: u32) -> [u8; 16] {
-    let mut c = [0u8; 16];
-    c[0] = op;
-    c[2..10].copy_from_slice(&lba.to_be_bytes());
-    c[10..14].copy_from_slice(&blocks.to_be_bytes());
-    c
+fn sixteen(mut rw: ReadWriteCdb) -> ReadWriteCdb {
+    rw.size = storport_srp::scsi::CdbSize::Sixteen;
+    rw
 }
 
-pub fn read16(lba: u64, blocks: u32) -> [u8; 16] {
-    rw16(0x88, lba, blocks)
+/// READ(16).
+pub fn read16(lba: u64, blocks: u32) -> Vec<u8> {
+    bytes(CdbRepr::Read(sixteen(ReadWriteCdb::new(lba, blocks))))
 }
 
-pub fn write16(lba: u64, blocks: u32) -> [u8; 16] {
-    rw16(0x8A, lba, blocks)
+/// WRITE(16).
+pub fn write16(lba: u64, blocks: u32) -> Vec<u8> {
+    bytes(CdbRepr::Write(sixteen(ReadWriteCdb::new(lba, blocks))))
 }
 
 /// Fixed-format sense data.
-pub fn sense(key: u8, asc: u8, ascq: u8) -> [u8; 18] {
+pub fn sense(key: SenseKey, code: AdditionalSense) -> [u8; 18] {
     let mut s = [0u8; 18];
-    s[0] = 0x70;
-    s[2] = key & 0x0F;
-    s[7] = 10;
-    s[12] = asc;
-    s[13] = ascq;
+    let n = SenseRepr::new(key, code).emit(&mut s).expect("18 bytes hold fixed sense");
+    assert_eq!(n, 18);
     s
 }
-
-/// ILLEGAL REQUEST.
-pub const ILLEGAL_REQUEST: u8 = 0x05;
 
 /// What a command did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -84,10 +89,6 @@ pub enum Executed {
 pub struct RamDisk {
     luns: Vec<Mutex<Vec<u8>>>,
     blocks: u64,
-}
-
-fn be32(b: &[u8]) -> u32 {
-    u32::from_be_bytes([b[0], b[1], b[2], b[3]])
 }
 
 impl RamDisk {
@@ -120,14 +121,23 @@ impl RamDisk {
         data_out: &mut dyn FnMut(u64, &mut [u8]),
     ) -> Executed {
         let Some(disk) = self.luns.get(lun) else {
-            return Executed::Check(sense(ILLEGAL_REQUEST, 0x25, 0));
+            return Executed::Check(sense(
+                SenseKey::IllegalRequest,
+                AdditionalSense::LOGICAL_UNIT_NOT_SUPPORTED,
+            ));
         };
-        let Some(&op) = cdb.first() else {
-            return Executed::Check(sense(ILLEGAL_REQUEST, 0x20, 0));
+        let Ok(repr) = CdbRepr::parse_bytes(cdb) else {
+            return Executed::Check(sense(
+                SenseKey::IllegalRequest,
+                AdditionalSense::INVALID_COMMAND_OPERATION_CODE,
+            ));
         };
         let mut rw = |lba: u64, blocks: u64, write: bool| -> Executed {
             if lba.checked_add(blocks).is_none_or(|end| end > self.blocks) {
-                return Executed::Check(sense(ILLEGAL_REQUEST, 0x21, 0));
+                return Executed::Check(sense(
+                    SenseKey::IllegalRequest,
+                    AdditionalSense::LBA_OUT_OF_RANGE,
+                ));
             }
             let start = lba as usize * BLOCK;
             let len = blocks as usize * BLOCK;
@@ -142,27 +152,14 @@ impl RamDisk {
                 wanted: len as u64,
             }
         };
-        match (op, cdb.len()) {
-            (0x28 | 0x2A, 10..) => {
-                return rw(
-                    u64::from(be32(&cdb[2..6])),
-                    u64::from(u16::from_be_bytes([cdb[7], cdb[8]])),
-                    op == 0x2A,
-                );
-            }
-            (0x88 | 0x8A, 16..) => {
-                return rw(
-                    u64::from_be_bytes(cdb[2..10].try_into().unwrap()),
-                    u64::from(be32(&cdb[10..14])),
-                    op == 0x8A,
-                );
-            }
+        match repr {
+            CdbRepr::Read(c) => return rw(c.lba, u64::from(c.blocks), false),
+            CdbRepr::Write(c) => return rw(c.lba, u64::from(c.blocks), true),
             _ => {}
         }
-        match (op, cdb.len()) {
-            (0x00, 6..) | (0x35, 10..) => Executed::Good { wanted: 0 },
-            (0x12, 6..) => {
-                let allocation = u16::from_be_bytes([cdb[3], cdb[4]]) as usize;
+        match repr {
+            CdbRepr::TestUnitReady | CdbRepr::SynchronizeCache(_) => Executed::Good { wanted: 0 },
+            CdbRepr::Inquiry(c) if !c.evpd => {
                 let mut r = [0u8; 36];
                 r[2] = 0x05;
                 r[3] = 0x02;
@@ -171,32 +168,34 @@ impl RamDisk {
                 r[8..16].copy_from_slice(b"KVERBS  ");
                 r[16..32].copy_from_slice(b"RAMDISK         ");
                 r[32..36].copy_from_slice(b"0001");
-                let n = allocation.min(r.len());
+                let n = usize::from(c.alloc_len).min(r.len());
                 data_in(0, &r[..n]);
                 Executed::Good { wanted: n as u64 }
             }
-            (0x25, 10..) => {
+            CdbRepr::ReadCapacity10(_) => {
                 let mut r = [0u8; 8];
                 r[..4].copy_from_slice(&((self.blocks - 1) as u32).to_be_bytes());
                 r[4..].copy_from_slice(&(BLOCK as u32).to_be_bytes());
                 data_in(0, &r);
                 Executed::Good { wanted: 8 }
             }
-            (0xA0, 12..) => {
-                let allocation = be32(&cdb[6..10]) as usize;
+            CdbRepr::ReportLuns(c) => {
                 let mut r = [0u8; 8 + 8 * 8];
                 let n = self.luns.len().min(8);
                 r[..4].copy_from_slice(&((n * 8) as u32).to_be_bytes());
                 for i in 0..n {
                     r[8 + i * 8 + 1] = i as u8;
                 }
-                let len = (8 + n * 8).min(allocation);
+                let len = (8 + n * 8).min(c.alloc_len as usize);
                 data_in(0, &r[..len]);
                 Executed::Good {
                     wanted: len as u64,
                 }
             }
-            _ => Executed::Check(sense(ILLEGAL_REQUEST, 0x20, 0)),
+            _ => Executed::Check(sense(
+                SenseKey::IllegalRequest,
+                AdditionalSense::INVALID_FIELD_IN_CDB,
+            )),
         }
     }
 }
