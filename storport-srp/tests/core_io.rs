@@ -4,10 +4,10 @@
 mod support;
 
 use storport_srp::miniport::transport::Residual;
+use storport_srp::scsi::{AdditionalSense, SenseKey};
 use storport_srp::storport::host::{
     ModelConfig, RequestSpec, RequestState, SgDelivery, SgShape, StartIoIrql, StartIoLocking,
 };
-use storport_srp::scsi::{AdditionalSense, SenseKey};
 use storport_srp::storport::{Address, DataDirection, PnpAction, SrbFunction, SrbStatus};
 
 use support::fake::{Delivery, FakeConfig, Scripted};
@@ -16,7 +16,11 @@ use support::{adapter_config, lun, manual, run, start, threaded};
 
 fn pattern(seed: u8, len: usize) -> Vec<u8> {
     (0..len)
-        .map(|i| (i as u32).wrapping_mul(2_654_435_761).wrapping_add(u32::from(seed)) as u8)
+        .map(|i| {
+            (i as u32)
+                .wrapping_mul(2_654_435_761)
+                .wrapping_add(u32::from(seed)) as u8
+        })
         .collect()
 }
 
@@ -26,11 +30,31 @@ fn pattern(seed: u8, len: usize) -> Vec<u8> {
 #[test]
 fn data_round_trips_through_every_mode_and_shape() {
     let modes = [
-        (StartIoLocking::Virtual, SgDelivery::Inline, StartIoIrql::Passive),
-        (StartIoLocking::Virtual, SgDelivery::Deferred, StartIoIrql::Dispatch),
-        (StartIoLocking::Virtual, SgDelivery::Alternate, StartIoIrql::Alternate),
-        (StartIoLocking::FullDuplex, SgDelivery::Inline, StartIoIrql::Dispatch),
-        (StartIoLocking::ConcurrentChannels, SgDelivery::Deferred, StartIoIrql::Dispatch),
+        (
+            StartIoLocking::Virtual,
+            SgDelivery::Inline,
+            StartIoIrql::Passive,
+        ),
+        (
+            StartIoLocking::Virtual,
+            SgDelivery::Deferred,
+            StartIoIrql::Dispatch,
+        ),
+        (
+            StartIoLocking::Virtual,
+            SgDelivery::Alternate,
+            StartIoIrql::Alternate,
+        ),
+        (
+            StartIoLocking::FullDuplex,
+            SgDelivery::Inline,
+            StartIoIrql::Dispatch,
+        ),
+        (
+            StartIoLocking::ConcurrentChannels,
+            SgDelivery::Deferred,
+            StartIoIrql::Dispatch,
+        ),
     ];
     let shapes = [
         SgShape::Contiguous,
@@ -58,18 +82,21 @@ fn data_round_trips_through_every_mode_and_shape() {
                     let lba = 100 * s as u32 + m as u32;
                     let data = pattern((m * 10 + s) as u8, usize::from(blocks) * BLOCK);
                     let at = lun(1, (s % 2) as u8);
-                    let write = RequestSpec::scsi_out(at, &scsi::write10(lba, blocks), data.clone())
-                        .shaped(shape);
+                    let write =
+                        RequestSpec::scsi_out(at, &scsi::write10(lba, blocks), data.clone())
+                            .shaped(shape);
                     let (_, w) = run(&model, &write, p);
                     assert_eq!(w.status, SrbStatus::SUCCESS, "{locking:?} {shape:?}");
                     assert_eq!(w.data_transfer_length, data.len() as u32);
                     let fake = model.miniport().transport();
                     assert_eq!(
-                        fake.disk().peek(usize::from(at.lun), lba as usize * BLOCK, data.len()),
+                        fake.disk()
+                            .peek(usize::from(at.lun), lba as usize * BLOCK, data.len()),
                         data
                     );
-                    let read = RequestSpec::scsi_in(at, &scsi::read10(lba, blocks), data.len() as u32)
-                        .shaped(shape);
+                    let read =
+                        RequestSpec::scsi_in(at, &scsi::read10(lba, blocks), data.len() as u32)
+                            .shaped(shape);
                     let (id, r) = run(&model, &read, p);
                     assert_eq!(r.status, SrbStatus::SUCCESS);
                     assert_eq!(r.completions, 1);
@@ -127,7 +154,11 @@ fn target_statuses_map_end_to_end() {
             p,
         );
         // Unknown opcode: ILLEGAL REQUEST / INVALID COMMAND OPERATION CODE.
-        let (_, o) = run(&model, &RequestSpec::scsi(lun(0, 0), &[0xE7, 0, 0, 0, 0, 0]), p);
+        let (_, o) = run(
+            &model,
+            &RequestSpec::scsi(lun(0, 0), &[0xE7, 0, 0, 0, 0, 0]),
+            p,
+        );
         assert_eq!(o.status, SrbStatus::ERROR.with_autosense());
         assert_eq!(o.scsi_status, 0x02);
         assert_eq!(
@@ -365,7 +396,10 @@ fn concurrent_start_io_callers() {
         let writes = model.created();
         for id in 0..writes {
             let o = model.outcome(id).unwrap();
-            assert_eq!((o.state, o.status, o.completions), (RequestState::Completed, SrbStatus::SUCCESS, 1));
+            assert_eq!(
+                (o.state, o.status, o.completions),
+                (RequestState::Completed, SrbStatus::SUCCESS, 1)
+            );
         }
         platform.run_passive(|p| {
             for t in 0..3u32 {
@@ -378,7 +412,10 @@ fn concurrent_start_io_callers() {
                         p,
                     );
                     assert_eq!(o.status, SrbStatus::SUCCESS);
-                    assert_eq!(model.data(id).unwrap(), pattern((t * 31 + i) as u8, 4 * BLOCK));
+                    assert_eq!(
+                        model.data(id).unwrap(),
+                        pattern((t * 31 + i) as u8, 4 * BLOCK)
+                    );
                 }
             }
         });

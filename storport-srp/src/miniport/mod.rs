@@ -64,12 +64,12 @@ use kverbs::rundown::Rundown;
 use kverbs::sync::{PassiveMutex, with_dispatch};
 use kverbs::worker::{CompleteAt, Outcome, RequestQueue, WorkHandler, Worker};
 
-use crate::wire::Lun;
 use crate::storport::{
-    Address, AdapterLimits, BuildIo, DataAccessError, DataDirection, Dirql, DpcId,
+    AdapterLimits, Address, BuildIo, DataAccessError, DataDirection, Dirql, DpcId,
     FindAdapterError, HwMiniport, LogEvent, LogKind, PnpAction, Srb, SrbFunction, SrbStatus,
     StorPort, SupportedControls, TimerId,
 };
+use crate::wire::Lun;
 use status::{SrbOutcome, TmfKind, failure_status, map_command, map_tmf};
 use tracker::{Disposition, EntryKind, Meta, ParkRefused, Tracker, VictimState};
 use transport::{
@@ -805,7 +805,10 @@ impl<S: StorPort, T: Transport> Adapter<S, T> {
             return;
         };
         if let Some(word) = srb.extension().first() {
-            word.store(EXTENSION_TAG_VALID | u64::from(tag.raw()), Ordering::Release);
+            word.store(
+                EXTENSION_TAG_VALID | u64::from(tag.raw()),
+                Ordering::Release,
+            );
         }
         if has_sg {
             with_dispatch::<S::Platform, _, _>(irql, |d| {
@@ -845,7 +848,14 @@ impl<S: StorPort, T: Transport> Adapter<S, T> {
     fn submit<I: LeDispatch>(&self, srb: S::Srb, tag: Tag, meta: Meta, irql: &I) {
         let core = &*self.core;
         let EntryKind::Command { requested, has_sg } = meta.kind else {
-            self.abandon(srb, tag, meta.address, false, SrbStatus::INTERNAL_ERROR, irql);
+            self.abandon(
+                srb,
+                tag,
+                meta.address,
+                false,
+                SrbStatus::INTERNAL_ERROR,
+                irql,
+            );
             return;
         };
         let address = meta.address;
@@ -857,7 +867,11 @@ impl<S: StorPort, T: Transport> Adapter<S, T> {
             }
         };
         let prepared = {
-            let sg_list = if has_sg { srb.scatter_gather() } else { Some(&[][..]) };
+            let sg_list = if has_sg {
+                srb.scatter_gather()
+            } else {
+                Some(&[][..])
+            };
             match sg_list {
                 None => Err(None),
                 Some(sg_list) => {
@@ -885,8 +899,15 @@ impl<S: StorPort, T: Transport> Adapter<S, T> {
             }
             Err(Some(PrepareError::Busy)) => {
                 bump(&core.counters.busy_no_credit);
-                let posted = core.lun(address).map_or(0, |l| l.posted.load(Ordering::Relaxed));
-                core.log(LogKind::CreditStarvation, Some(address), u64::from(posted), irql);
+                let posted = core
+                    .lun(address)
+                    .map_or(0, |l| l.posted.load(Ordering::Relaxed));
+                core.log(
+                    LogKind::CreditStarvation,
+                    Some(address),
+                    u64::from(posted),
+                    irql,
+                );
                 self.abandon(srb, tag, address, has_sg, SrbStatus::BUSY, irql);
                 return;
             }
@@ -1010,8 +1031,7 @@ impl<S: StorPort, T: Transport> Adapter<S, T> {
         if kind == TmfKind::LunReset {
             // Requests for this LUN not yet posted would go out after the
             // reset: they are covered by it instead.
-            core.tracker
-                .mark_reserved_reset(|a| *a == address, irql);
+            core.tracker.mark_reserved_reset(|a| *a == address, irql);
         }
         if !core.gate_enter() {
             let _ = core.tracker.release(tag, irql);
@@ -1022,7 +1042,12 @@ impl<S: StorPort, T: Transport> Adapter<S, T> {
         match core.tracker.park(tag, srb, irql) {
             Ok(()) => {
                 bump(&core.counters.tmfs_sent);
-                core.log(LogKind::TaskManagement, Some(address), u64::from(tag.raw()), irql);
+                core.log(
+                    LogKind::TaskManagement,
+                    Some(address),
+                    u64::from(tag.raw()),
+                    irql,
+                );
                 let lun = wire_lun(address.lun);
                 let sent = match (kind, victim) {
                     (TmfKind::AbortTask, Some(victim)) => {
@@ -1030,7 +1055,9 @@ impl<S: StorPort, T: Transport> Adapter<S, T> {
                             .abort_task(address.target, lun, victim, tag, irql)
                     }
                     (TmfKind::AbortTask, None) => Err(TmfRefused::UnknownTask),
-                    (TmfKind::LunReset, _) => self.transport.reset_lun(address.target, lun, tag, irql),
+                    (TmfKind::LunReset, _) => {
+                        self.transport.reset_lun(address.target, lun, tag, irql)
+                    }
                 };
                 if let Err(refused) = sent {
                     if let Some((srb, _)) = core.tracker.unpark(tag, irql) {

@@ -116,7 +116,11 @@ pub fn map_command(
             }
         }
         Status::CHECK_CONDITION => {
-            let copy = result.sense.len().min(sense_capacity).min(usize::from(u8::MAX));
+            let copy = result
+                .sense
+                .len()
+                .min(sense_capacity)
+                .min(usize::from(u8::MAX));
             let sense_len = u8::try_from(copy).unwrap_or(u8::MAX);
             SrbOutcome {
                 srb_status: if sense_len > 0 {
@@ -130,14 +134,15 @@ pub fn map_command(
             }
         }
         // The target did not execute the command: nothing moved.
-        Status::BUSY | Status::TASK_SET_FULL | Status::ACA_ACTIVE | Status::RESERVATION_CONFLICT => {
-            SrbOutcome {
-                srb_status: SrbStatus::ERROR,
-                scsi_status: status,
-                data_transfer_length: 0,
-                sense_len: 0,
-            }
-        }
+        Status::BUSY
+        | Status::TASK_SET_FULL
+        | Status::ACA_ACTIVE
+        | Status::RESERVATION_CONFLICT => SrbOutcome {
+            srb_status: SrbStatus::ERROR,
+            scsi_status: status,
+            data_transfer_length: 0,
+            sense_len: 0,
+        },
         Status::TASK_ABORTED => SrbOutcome {
             srb_status: SrbStatus::ABORTED,
             scsi_status: status,
@@ -169,9 +174,8 @@ pub enum TmfKind {
 pub const fn map_tmf(kind: TmfKind, response: TmfResponse) -> SrbStatus {
     match (kind, response) {
         (_, TmfResponse::Complete | TmfResponse::Succeeded) => SrbStatus::SUCCESS,
-        (TmfKind::AbortTask, TmfResponse::IncorrectLun) | (TmfKind::LunReset, TmfResponse::IncorrectLun) => {
-            SrbStatus::INVALID_LUN
-        }
+        (TmfKind::AbortTask, TmfResponse::IncorrectLun)
+        | (TmfKind::LunReset, TmfResponse::IncorrectLun) => SrbStatus::INVALID_LUN,
         (
             TmfKind::AbortTask,
             TmfResponse::TaskNotFound
@@ -218,42 +222,182 @@ mod tests {
         let autosense = SrbStatus::ERROR.with_autosense();
         let table: &[(u32, CommandResult<'_>, usize, SrbOutcome)] = &[
             // GOOD and the other good statuses.
-            (4096, r(Scsi(0x00), Whole, &[]), 18, o(SrbStatus::SUCCESS, 0, 4096, 0)),
-            (4096, r(Scsi(0x04), Whole, &[]), 18, o(SrbStatus::SUCCESS, 4, 4096, 0)),
+            (
+                4096,
+                r(Scsi(0x00), Whole, &[]),
+                18,
+                o(SrbStatus::SUCCESS, 0, 4096, 0),
+            ),
+            (
+                4096,
+                r(Scsi(0x04), Whole, &[]),
+                18,
+                o(SrbStatus::SUCCESS, 4, 4096, 0),
+            ),
             // INTERMEDIATE (obsolete since SAM-4: no linked commands) is
             // not a status this initiator can have asked for.
-            (4096, r(Scsi(0x10), Whole, &[]), 18, o(SrbStatus::ERROR, 0x10, 4096, 0)),
+            (
+                4096,
+                r(Scsi(0x10), Whole, &[]),
+                18,
+                o(SrbStatus::ERROR, 0x10, 4096, 0),
+            ),
             // Residuals.
-            (4096, r(Scsi(0), Underrun(1024), &[]), 18, o(SrbStatus::DATA_OVERRUN, 0, 3072, 0)),
-            (4096, r(Scsi(0), Underrun(0), &[]), 18, o(SrbStatus::SUCCESS, 0, 4096, 0)),
-            (4096, r(Scsi(0), Underrun(9999), &[]), 18, o(SrbStatus::DATA_OVERRUN, 0, 0, 0)),
-            (4096, r(Scsi(0), Overrun(512), &[]), 18, o(SrbStatus::DATA_OVERRUN, 0, 4096, 0)),
-            (4096, r(Scsi(0), Overrun(0), &[]), 18, o(SrbStatus::SUCCESS, 0, 4096, 0)),
+            (
+                4096,
+                r(Scsi(0), Underrun(1024), &[]),
+                18,
+                o(SrbStatus::DATA_OVERRUN, 0, 3072, 0),
+            ),
+            (
+                4096,
+                r(Scsi(0), Underrun(0), &[]),
+                18,
+                o(SrbStatus::SUCCESS, 0, 4096, 0),
+            ),
+            (
+                4096,
+                r(Scsi(0), Underrun(9999), &[]),
+                18,
+                o(SrbStatus::DATA_OVERRUN, 0, 0, 0),
+            ),
+            (
+                4096,
+                r(Scsi(0), Overrun(512), &[]),
+                18,
+                o(SrbStatus::DATA_OVERRUN, 0, 4096, 0),
+            ),
+            (
+                4096,
+                r(Scsi(0), Overrun(0), &[]),
+                18,
+                o(SrbStatus::SUCCESS, 0, 4096, 0),
+            ),
             // No data phase: a residual means nothing.
-            (0, r(Scsi(0), Underrun(512), &[]), 18, o(SrbStatus::SUCCESS, 0, 0, 0)),
+            (
+                0,
+                r(Scsi(0), Underrun(512), &[]),
+                18,
+                o(SrbStatus::SUCCESS, 0, 0, 0),
+            ),
             // CHECK CONDITION: sense copied, truncated, flagged.
-            (512, r(Scsi(0x02), Whole, &SENSE), 18, o(autosense, 2, 512, 18)),
-            (512, r(Scsi(0x02), Whole, &SENSE), 8, o(autosense, 2, 512, 8)),
-            (512, r(Scsi(0x02), Whole, &SENSE), 0, o(SrbStatus::ERROR, 2, 512, 0)),
-            (512, r(Scsi(0x02), Whole, &[]), 18, o(SrbStatus::ERROR, 2, 512, 0)),
-            (512, r(Scsi(0x02), Underrun(512), &SENSE), 255, o(autosense, 2, 0, 18)),
+            (
+                512,
+                r(Scsi(0x02), Whole, &SENSE),
+                18,
+                o(autosense, 2, 512, 18),
+            ),
+            (
+                512,
+                r(Scsi(0x02), Whole, &SENSE),
+                8,
+                o(autosense, 2, 512, 8),
+            ),
+            (
+                512,
+                r(Scsi(0x02), Whole, &SENSE),
+                0,
+                o(SrbStatus::ERROR, 2, 512, 0),
+            ),
+            (
+                512,
+                r(Scsi(0x02), Whole, &[]),
+                18,
+                o(SrbStatus::ERROR, 2, 512, 0),
+            ),
+            (
+                512,
+                r(Scsi(0x02), Underrun(512), &SENSE),
+                255,
+                o(autosense, 2, 0, 18),
+            ),
             // Not executed by the target: nothing moved, class driver retries.
-            (512, r(Scsi(0x08), Whole, &[]), 18, o(SrbStatus::ERROR, 8, 0, 0)),
-            (512, r(Scsi(0x28), Whole, &[]), 18, o(SrbStatus::ERROR, 0x28, 0, 0)),
-            (512, r(Scsi(0x30), Whole, &[]), 18, o(SrbStatus::ERROR, 0x30, 0, 0)),
-            (512, r(Scsi(0x18), Whole, &SENSE), 18, o(SrbStatus::ERROR, 0x18, 0, 0)),
-            (512, r(Scsi(0x40), Whole, &[]), 18, o(SrbStatus::ABORTED, 0x40, 0, 0)),
+            (
+                512,
+                r(Scsi(0x08), Whole, &[]),
+                18,
+                o(SrbStatus::ERROR, 8, 0, 0),
+            ),
+            (
+                512,
+                r(Scsi(0x28), Whole, &[]),
+                18,
+                o(SrbStatus::ERROR, 0x28, 0, 0),
+            ),
+            (
+                512,
+                r(Scsi(0x30), Whole, &[]),
+                18,
+                o(SrbStatus::ERROR, 0x30, 0, 0),
+            ),
+            (
+                512,
+                r(Scsi(0x18), Whole, &SENSE),
+                18,
+                o(SrbStatus::ERROR, 0x18, 0, 0),
+            ),
+            (
+                512,
+                r(Scsi(0x40), Whole, &[]),
+                18,
+                o(SrbStatus::ABORTED, 0x40, 0, 0),
+            ),
             // An unknown status is an error, reported as received.
-            (512, r(Scsi(0x7e), Underrun(12), &SENSE), 18, o(SrbStatus::ERROR, 0x7e, 500, 0)),
+            (
+                512,
+                r(Scsi(0x7e), Underrun(12), &SENSE),
+                18,
+                o(SrbStatus::ERROR, 0x7e, 500, 0),
+            ),
             // Terminations and transport failures: nothing moved.
-            (512, r(Aborted, Whole, &SENSE), 18, SrbOutcome::local(SrbStatus::ABORTED)),
-            (512, r(Reset, Whole, &[]), 18, SrbOutcome::local(SrbStatus::BUS_RESET)),
-            (512, r(Failed(FailureKind::FailFast), Whole, &[]), 18, SrbOutcome::local(SrbStatus::SELECTION_TIMEOUT)),
-            (512, r(Failed(FailureKind::DeviceLost), Whole, &[]), 18, SrbOutcome::local(SrbStatus::NO_DEVICE)),
-            (512, r(Failed(FailureKind::ConnectionReset), Whole, &[]), 18, SrbOutcome::local(SrbStatus::BUS_RESET)),
-            (512, r(Failed(FailureKind::Timeout), Whole, &[]), 18, SrbOutcome::local(SrbStatus::TIMEOUT)),
-            (512, r(Failed(FailureKind::Protocol), Whole, &[]), 18, SrbOutcome::local(SrbStatus::PHASE_SEQUENCE_FAILURE)),
-            (512, r(Failed(FailureKind::Unsupported), Whole, &[]), 18, SrbOutcome::local(SrbStatus::INVALID_REQUEST)),
+            (
+                512,
+                r(Aborted, Whole, &SENSE),
+                18,
+                SrbOutcome::local(SrbStatus::ABORTED),
+            ),
+            (
+                512,
+                r(Reset, Whole, &[]),
+                18,
+                SrbOutcome::local(SrbStatus::BUS_RESET),
+            ),
+            (
+                512,
+                r(Failed(FailureKind::FailFast), Whole, &[]),
+                18,
+                SrbOutcome::local(SrbStatus::SELECTION_TIMEOUT),
+            ),
+            (
+                512,
+                r(Failed(FailureKind::DeviceLost), Whole, &[]),
+                18,
+                SrbOutcome::local(SrbStatus::NO_DEVICE),
+            ),
+            (
+                512,
+                r(Failed(FailureKind::ConnectionReset), Whole, &[]),
+                18,
+                SrbOutcome::local(SrbStatus::BUS_RESET),
+            ),
+            (
+                512,
+                r(Failed(FailureKind::Timeout), Whole, &[]),
+                18,
+                SrbOutcome::local(SrbStatus::TIMEOUT),
+            ),
+            (
+                512,
+                r(Failed(FailureKind::Protocol), Whole, &[]),
+                18,
+                SrbOutcome::local(SrbStatus::PHASE_SEQUENCE_FAILURE),
+            ),
+            (
+                512,
+                r(Failed(FailureKind::Unsupported), Whole, &[]),
+                18,
+                SrbOutcome::local(SrbStatus::INVALID_REQUEST),
+            ),
         ];
         for (i, (requested, result, capacity, want)) in table.iter().enumerate() {
             assert_eq!(
@@ -294,15 +438,27 @@ mod tests {
             (AbortTask, NotSupported, SrbStatus::ABORT_FAILED),
             (AbortTask, Failed, SrbStatus::ABORT_FAILED),
             (AbortTask, IncorrectLun, SrbStatus::INVALID_LUN),
-            (AbortTask, Transport(FailureKind::ConnectionReset), SrbStatus::ABORT_FAILED),
+            (
+                AbortTask,
+                Transport(FailureKind::ConnectionReset),
+                SrbStatus::ABORT_FAILED,
+            ),
             (LunReset, Complete, SrbStatus::SUCCESS),
             (LunReset, Succeeded, SrbStatus::SUCCESS),
             (LunReset, TaskNotFound, SrbStatus::ERROR),
             (LunReset, Failed, SrbStatus::ERROR),
             (LunReset, NotSupported, SrbStatus::INVALID_REQUEST),
             (LunReset, IncorrectLun, SrbStatus::INVALID_LUN),
-            (LunReset, Transport(FailureKind::ConnectionReset), SrbStatus::BUS_RESET),
-            (LunReset, Transport(FailureKind::DeviceLost), SrbStatus::NO_DEVICE),
+            (
+                LunReset,
+                Transport(FailureKind::ConnectionReset),
+                SrbStatus::BUS_RESET,
+            ),
+            (
+                LunReset,
+                Transport(FailureKind::DeviceLost),
+                SrbStatus::NO_DEVICE,
+            ),
         ];
         for (kind, response, want) in table {
             assert_eq!(map_tmf(kind, response), want, "{kind:?} {response:?}");

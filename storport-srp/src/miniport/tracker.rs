@@ -323,7 +323,12 @@ impl<R, P: Platform> Tracker<R, P> {
     ///
     /// # IRQL
     /// <= `DISPATCH_LEVEL`.
-    pub fn claim_victim(&self, tag: Tag, identity: SrbIdentity, irql: &impl LeDispatch) -> VictimState {
+    pub fn claim_victim(
+        &self,
+        tag: Tag,
+        identity: SrbIdentity,
+        irql: &impl LeDispatch,
+    ) -> VictimState {
         let (index, generation) = Self::split(tag);
         let Some(slot) = self.slots.get(index) else {
             return VictimState::NotFound;
@@ -472,7 +477,10 @@ mod tests {
             let b = t.reserve(meta(2), p).unwrap();
             let c = t.reserve(meta(3), p).unwrap();
             t.park(c, Req(3), p).unwrap();
-            assert_eq!(t.claim_victim(a, SrbIdentity(1), p), VictimState::MarkedAborted);
+            assert_eq!(
+                t.claim_victim(a, SrbIdentity(1), p),
+                VictimState::MarkedAborted
+            );
             assert_eq!(t.claim_victim(a, SrbIdentity(9), p), VictimState::NotFound);
             assert_eq!(
                 t.claim_victim(c, SrbIdentity(3), p),

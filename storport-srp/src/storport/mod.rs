@@ -86,7 +86,10 @@ impl Dirql<'_> {
     ///
     /// # IRQL
     /// Device IRQL.
-    #[expect(unsafe_code, reason = "the token's constructor is the proof obligation")]
+    #[expect(
+        unsafe_code,
+        reason = "the token's constructor is the proof obligation"
+    )]
     #[must_use]
     pub unsafe fn assume() -> Self {
         Dirql {

@@ -536,7 +536,10 @@ mod tests {
             format!("{s:?}"),
             "SRB_STATUS_ERROR|AUTOSENSE_VALID".to_string()
         );
-        assert_eq!(format!("{:?}", SrbStatus::from_raw(0x3f)), "SRB_STATUS(0x3f)");
+        assert_eq!(
+            format!("{:?}", SrbStatus::from_raw(0x3f)),
+            "SRB_STATUS(0x3f)"
+        );
     }
 
     #[test]
@@ -581,7 +584,10 @@ mod tests {
             (SrbStatus::INVALID_PATH_ID, k::SRB_STATUS_INVALID_PATH_ID),
             (SrbStatus::NO_DEVICE, k::SRB_STATUS_NO_DEVICE),
             (SrbStatus::TIMEOUT, k::SRB_STATUS_TIMEOUT),
-            (SrbStatus::SELECTION_TIMEOUT, k::SRB_STATUS_SELECTION_TIMEOUT),
+            (
+                SrbStatus::SELECTION_TIMEOUT,
+                k::SRB_STATUS_SELECTION_TIMEOUT,
+            ),
             (SrbStatus::COMMAND_TIMEOUT, k::SRB_STATUS_COMMAND_TIMEOUT),
             (SrbStatus::BUS_RESET, k::SRB_STATUS_BUS_RESET),
             (SrbStatus::NO_HBA, k::SRB_STATUS_NO_HBA),
@@ -591,7 +597,10 @@ mod tests {
                 k::SRB_STATUS_PHASE_SEQUENCE_FAILURE,
             ),
             (SrbStatus::INVALID_LUN, k::SRB_STATUS_INVALID_LUN),
-            (SrbStatus::INVALID_TARGET_ID, k::SRB_STATUS_INVALID_TARGET_ID),
+            (
+                SrbStatus::INVALID_TARGET_ID,
+                k::SRB_STATUS_INVALID_TARGET_ID,
+            ),
             (SrbStatus::BAD_FUNCTION, k::SRB_STATUS_BAD_FUNCTION),
             (SrbStatus::INTERNAL_ERROR, k::SRB_STATUS_INTERNAL_ERROR),
         ];
@@ -611,7 +620,10 @@ mod tests {
             (SrbFunction::ResetBus, k::SRB_FUNCTION_RESET_BUS),
             (SrbFunction::ResetDevice, k::SRB_FUNCTION_RESET_DEVICE),
             (SrbFunction::Wmi, k::SRB_FUNCTION_WMI),
-            (SrbFunction::ResetLogicalUnit, k::SRB_FUNCTION_RESET_LOGICAL_UNIT),
+            (
+                SrbFunction::ResetLogicalUnit,
+                k::SRB_FUNCTION_RESET_LOGICAL_UNIT,
+            ),
             (SrbFunction::Power, k::SRB_FUNCTION_POWER),
             (SrbFunction::Pnp, k::SRB_FUNCTION_PNP),
         ];

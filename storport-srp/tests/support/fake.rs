@@ -701,7 +701,9 @@ impl Transport for FakeTransport {
         _irql: &impl LeDispatch,
     ) -> Result<Prepared, PrepareError> {
         let inner = &*self.inner;
-        inner.checker.require_irql("Transport::prepare", Irql::DISPATCH);
+        inner
+            .checker
+            .require_irql("Transport::prepare", Irql::DISPATCH);
         bump(&inner.counters.prepared);
         let mut st = inner.lock();
         let t = usize::from(command.target);
@@ -750,7 +752,9 @@ impl Transport for FakeTransport {
         slot.sg.extend_from_slice(command.sg_list);
         slot.imm_len = None;
         let len = slot.len as usize;
-        if inner.config.immediate_writes && command.direction == DataDirection::Out && len <= IMMEDIATE_MAX
+        if inner.config.immediate_writes
+            && command.direction == DataDirection::Out
+            && len <= IMMEDIATE_MAX
         {
             if command.immediate.read(0, &mut slot.imm[..len]).is_ok() {
                 slot.imm_len = Some(len);
@@ -765,7 +769,9 @@ impl Transport for FakeTransport {
 
     fn post(&self, prepared: Prepared, irql: &impl LeDispatch) -> Result<(), PostFailed> {
         let inner = &*self.inner;
-        inner.checker.require_irql("Transport::post", Irql::DISPATCH);
+        inner
+            .checker
+            .require_irql("Transport::post", Irql::DISPATCH);
         let i = index(prepared.0);
         let ok = {
             let st = inner.lock();
@@ -782,7 +788,9 @@ impl Transport for FakeTransport {
 
     fn discard(&self, prepared: Prepared, _irql: &impl LeDispatch) {
         let inner = &*self.inner;
-        inner.checker.require_irql("Transport::discard", Irql::DISPATCH);
+        inner
+            .checker
+            .require_irql("Transport::discard", Irql::DISPATCH);
         bump(&inner.counters.discarded);
         let mut st = inner.lock();
         let i = index(prepared.0);
@@ -808,7 +816,9 @@ impl Transport for FakeTransport {
         _irql: &impl LeDispatch,
     ) -> Result<(), TmfRefused> {
         let inner = &*self.inner;
-        inner.checker.require_irql("Transport::abort_task", Irql::DISPATCH);
+        inner
+            .checker
+            .require_irql("Transport::abort_task", Irql::DISPATCH);
         let mut st = inner.lock();
         if st.targets.get(usize::from(target)) != Some(&TargetState::Live) {
             return Err(TmfRefused::NotConnected);
@@ -843,7 +853,9 @@ impl Transport for FakeTransport {
         _irql: &impl LeDispatch,
     ) -> Result<(), TmfRefused> {
         let inner = &*self.inner;
-        inner.checker.require_irql("Transport::reset_lun", Irql::DISPATCH);
+        inner
+            .checker
+            .require_irql("Transport::reset_lun", Irql::DISPATCH);
         let mut st = inner.lock();
         if st.targets.get(usize::from(target)) != Some(&TargetState::Live) {
             return Err(TmfRefused::NotConnected);
@@ -866,7 +878,9 @@ impl Transport for FakeTransport {
 
     fn reset(&self, irql: &impl LeDispatch) {
         let inner = &*self.inner;
-        inner.checker.require_irql("Transport::reset", Irql::DISPATCH);
+        inner
+            .checker
+            .require_irql("Transport::reset", Irql::DISPATCH);
         bump(&inner.counters.resets);
         {
             let mut st = inner.lock();
@@ -880,7 +894,9 @@ impl Transport for FakeTransport {
 
     fn start(&self, irql: &Passive<'_>) -> Result<(), StartFailed> {
         let inner = &*self.inner;
-        inner.checker.require_irql("Transport::start", Irql::PASSIVE);
+        inner
+            .checker
+            .require_irql("Transport::start", Irql::PASSIVE);
         bump(&inner.counters.starts);
         let targets = {
             let mut st = inner.lock();
@@ -892,9 +908,7 @@ impl Transport for FakeTransport {
         };
         with_dispatch::<HostPlatform, _, _>(irql, |d| {
             for t in 0..targets {
-                inner
-                    .upcalls
-                    .target_state(t as u8, TargetState::Live, d);
+                inner.upcalls.target_state(t as u8, TargetState::Live, d);
             }
         });
         Ok(())

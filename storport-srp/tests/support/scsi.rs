@@ -9,8 +9,8 @@ use std::sync::Mutex;
 pub const BLOCK: usize = 512;
 
 use storport_srp::scsi::{
-    AdditionalSense, CdbRepr, InquiryCdb, ReadCapacity10Cdb, ReadWriteCdb, ReportLunsCdb,
-    SenseKey, SenseRepr,
+    AdditionalSense, CdbRepr, InquiryCdb, ReadCapacity10Cdb, ReadWriteCdb, ReportLunsCdb, SenseKey,
+    SenseRepr,
 };
 
 fn bytes(cdb: CdbRepr) -> Vec<u8> {
@@ -44,12 +44,18 @@ pub fn report_luns(allocation: u32) -> Vec<u8> {
 
 /// READ of `blocks` at `lba` (10-byte CDB).
 pub fn read10(lba: u32, blocks: u16) -> Vec<u8> {
-    bytes(CdbRepr::Read(ReadWriteCdb::new(u64::from(lba), u32::from(blocks))))
+    bytes(CdbRepr::Read(ReadWriteCdb::new(
+        u64::from(lba),
+        u32::from(blocks),
+    )))
 }
 
 /// WRITE of `blocks` at `lba` (10-byte CDB).
 pub fn write10(lba: u32, blocks: u16) -> Vec<u8> {
-    bytes(CdbRepr::Write(ReadWriteCdb::new(u64::from(lba), u32::from(blocks))))
+    bytes(CdbRepr::Write(ReadWriteCdb::new(
+        u64::from(lba),
+        u32::from(blocks),
+    )))
 }
 
 fn sixteen(mut rw: ReadWriteCdb) -> ReadWriteCdb {
@@ -70,7 +76,9 @@ pub fn write16(lba: u64, blocks: u32) -> Vec<u8> {
 /// Fixed-format sense data.
 pub fn sense(key: SenseKey, code: AdditionalSense) -> [u8; 18] {
     let mut s = [0u8; 18];
-    let n = SenseRepr::new(key, code).emit(&mut s).expect("18 bytes hold fixed sense");
+    let n = SenseRepr::new(key, code)
+        .emit(&mut s)
+        .expect("18 bytes hold fixed sense");
     assert_eq!(n, 18);
     s
 }
@@ -148,9 +156,7 @@ impl RamDisk {
             } else {
                 data_in(0, range);
             }
-            Executed::Good {
-                wanted: len as u64,
-            }
+            Executed::Good { wanted: len as u64 }
         };
         match repr {
             CdbRepr::Read(c) => return rw(c.lba, u64::from(c.blocks), false),
@@ -188,9 +194,7 @@ impl RamDisk {
                 }
                 let len = (8 + n * 8).min(c.alloc_len as usize);
                 data_in(0, &r[..len]);
-                Executed::Good {
-                    wanted: len as u64,
-                }
+                Executed::Good { wanted: len as u64 }
             }
             _ => Executed::Check(sense(
                 SenseKey::IllegalRequest,

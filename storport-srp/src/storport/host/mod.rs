@@ -45,6 +45,10 @@
 //!   `SRB_STATUS_BUSY` are requeued, not completed, so they do not count
 //!   toward `n`; the hold also ends when nothing is outstanding in its scope
 //!   ("more than outstanding: until all outstanding have completed").
+//! * A request answered `SRB_STATUS_BUSY` is retried on the next event
+//!   that may have changed the answer — a real completion, a ready or
+//!   resume call, the end of a reset, a tick of StorPort's clock — not at
+//!   once (which would spin).
 //! * `TimeOutValue` 0 means the request never times out.
 //! * A virtual miniport's StartIo trampoline runs BuildIo then StartIo,
 //!   as the NT shim does (`crate::nt::miniport::hw_start_io`).
@@ -79,7 +83,7 @@ use self::check::DeviceIrqlScope;
 use self::srb::{SgState, SrbBody};
 use super::{
     AdapterLimits, Address, BuildIo, Dirql, DpcId, FindAdapterError, HwMiniport, LogEvent,
-    SgListRefused, StorPort, SrbStatus, SupportedControls, TimerId,
+    SgListRefused, SrbStatus, StorPort, SupportedControls, TimerId,
 };
 
 /// StorPort's StartIo synchronisation.
@@ -345,6 +349,9 @@ impl Hold {
 
 struct Queue {
     pending: VecDeque<(u32, Option<usize>)>,
+    /// Requests answered `SRB_STATUS_BUSY`, waiting for a reason to retry
+    /// (a real completion, ready/resume, StorPort's clock).
+    retry: VecDeque<(u32, Option<usize>)>,
     adapter: Hold,
     devices: Vec<Hold>,
     /// Resets (and stops) in progress: nothing is dispatched.
@@ -402,9 +409,7 @@ pub struct ModelShared {
 
 impl ModelShared {
     pub(crate) fn extension(&self, index: u32) -> Option<&[AtomicU64]> {
-        self.records
-            .get(index as usize)
-            .map(|r| &*r.extension)
+        self.records.get(index as usize).map(|r| &*r.extension)
     }
 
     fn now(&self) -> u64 {
@@ -419,6 +424,18 @@ impl ModelShared {
         if let Some(d) = self.dpcs.get() {
             d.restart.queue();
         }
+    }
+
+    /// Something happened that may let BUSY-answered requests through:
+    /// requeue them and restart the queue.
+    fn wake(&self) {
+        {
+            let mut q = lock(&self.queue);
+            while let Some(entry) = q.retry.pop_front() {
+                q.pending.push_back(entry);
+            }
+        }
+        self.kick();
     }
 
     fn device_index(&self, address: Address) -> Option<usize> {
@@ -465,9 +482,10 @@ impl ModelShared {
                 let q = &*q;
                 q.pending.iter().position(|&(_, device)| match device {
                     None => true,
-                    Some(d) => q.devices.get(d).is_none_or(|h| {
-                        !h.held(now) && h.outstanding < limits.max_io_per_lun
-                    }),
+                    Some(d) => q
+                        .devices
+                        .get(d)
+                        .is_none_or(|h| !h.held(now) && h.outstanding < limits.max_io_per_lun),
                 })
             }?;
             let (index, device) = q.pending.remove(pos)?;
@@ -591,7 +609,7 @@ impl ModelShared {
                 h.left(!busy);
             }
             if busy {
-                q.pending.push_back((index, device));
+                q.retry.push_back((index, device));
             } else {
                 q.last_progress = self.now();
                 q.stall_reported = false;
@@ -599,10 +617,11 @@ impl ModelShared {
         }
         if busy {
             bump(&self.counters.busy_requeues);
+            self.kick();
         } else {
             bump(&self.counters.completed);
+            self.wake();
         }
-        self.kick();
     }
 
     /// Delivers deferred ExecutionRoutines (the scatter/gather DPC).
@@ -704,7 +723,7 @@ impl ModelShared {
             }
         });
         lock(&self.queue).blocked -= 1;
-        self.kick();
+        self.wake();
     }
 }
 
@@ -772,7 +791,7 @@ impl StorPort for HostPort {
         };
         bump(&s.counters.ready_calls);
         let ok = s.with_hold(None, |h, _| h.busy_remaining = None);
-        s.kick();
+        s.wake();
         ok
     }
 
@@ -795,7 +814,7 @@ impl StorPort for HostPort {
         };
         bump(&s.counters.ready_calls);
         let ok = s.with_hold(Some(address), |h, _| h.busy_remaining = None);
-        s.kick();
+        s.wake();
         ok
     }
 
@@ -815,7 +834,7 @@ impl StorPort for HostPort {
         };
         bump(&s.counters.resume_calls);
         let ok = s.with_hold(None, |h, _| h.paused_until = None);
-        s.kick();
+        s.wake();
         ok
     }
 
@@ -835,7 +854,7 @@ impl StorPort for HostPort {
         };
         bump(&s.counters.resume_calls);
         let ok = s.with_hold(Some(address), |h, _| h.paused_until = None);
-        s.kick();
+        s.wake();
         ok
     }
 
@@ -1115,12 +1134,15 @@ impl<M: HwMiniport<HostPort>> StorPortModel<M> {
                             busy_requeues: 0,
                             done: None,
                         }),
-                        extension: (0..words).map(|_| AtomicU64::new(EXTENSION_POISON)).collect(),
+                        extension: (0..words)
+                            .map(|_| AtomicU64::new(EXTENSION_POISON))
+                            .collect(),
                     })
                     .collect(),
                 next_record: AtomicUsize::new(0),
                 queue: Mutex::new(Queue {
                     pending: VecDeque::with_capacity(capacity),
+                    retry: VecDeque::with_capacity(capacity),
                     adapter: Hold::default(),
                     devices: Vec::new(),
                     blocked: 0,
@@ -1345,13 +1367,13 @@ impl<M: HwMiniport<HostPort>> StorPortModel<M> {
     ///
     /// # Panics
     /// If the system does not settle (a routine keeps requeueing itself
-    /// for a million steps, or threaded work runs over 30 s).
+    /// for 200 000 steps, or threaded work runs over 30 s).
     pub fn settle_with(&self, choose: &mut dyn FnMut(usize) -> usize) {
         let platform = &self.shared.platform;
         match platform.config().mode {
             kverbs::platform::host::HostMode::Manual => {
-                let ran = platform.run_until_idle(choose, 1_000_000);
-                assert!(ran < 1_000_000, "the model did not settle");
+                let ran = platform.run_until_idle(choose, 200_000);
+                assert!(ran < 200_000, "the model did not settle");
             }
             kverbs::platform::host::HostMode::Threaded => {
                 assert!(
@@ -1406,7 +1428,7 @@ impl<M: HwMiniport<HostPort>> StorPortModel<M> {
         }
         {
             let mut q = lock(&s.queue);
-            let waiting = q.pending.len();
+            let waiting = q.pending.len() + q.retry.len();
             if waiting == 0 && q.adapter.outstanding == 0 {
                 q.last_progress = now;
             } else if waiting > 0
@@ -1444,7 +1466,7 @@ impl<M: HwMiniport<HostPort>> StorPortModel<M> {
         if timed_out {
             s.reset_bus(irql);
         }
-        s.kick();
+        s.wake();
     }
 
     /// The current virtual time.
@@ -1483,8 +1505,9 @@ impl<M: HwMiniport<HostPort>> StorPortModel<M> {
             return false;
         };
         lock(&self.shared.queue).stopped = true;
-        self.shared
-            .at_device_irql("ScsiStopAdapter", irql, |d| installed.miniport.stop_adapter(d))
+        self.shared.at_device_irql("ScsiStopAdapter", irql, |d| {
+            installed.miniport.stop_adapter(d)
+        })
     }
 
     /// `ScsiRestartAdapter` at device IRQL; StorPort dispatches again after.
@@ -1499,7 +1522,7 @@ impl<M: HwMiniport<HostPort>> StorPortModel<M> {
             installed.miniport.restart_adapter(d)
         });
         lock(&self.shared.queue).stopped = false;
-        self.shared.kick();
+        self.shared.wake();
         ok
     }
 
@@ -1523,10 +1546,10 @@ impl<M: HwMiniport<HostPort>> StorPortModel<M> {
     pub fn outcome(&self, id: u32) -> Option<RequestOutcome> {
         let record = self.shared.records.get(id as usize)?;
         let inner = lock(&record.inner);
-        let (status, scsi_status, data_transfer_length) = inner.done.as_ref().map_or(
-            (SrbStatus::PENDING, 0, 0),
-            |d| (d.status, d.scsi_status, d.data_transfer_length),
-        );
+        let (status, scsi_status, data_transfer_length) =
+            inner.done.as_ref().map_or((SrbStatus::PENDING, 0, 0), |d| {
+                (d.status, d.scsi_status, d.data_transfer_length)
+            });
         let sense = match (&inner.body, inner.done.is_some()) {
             (Some(body), true) if status.autosense_valid() => body
                 .sense
@@ -1616,7 +1639,7 @@ impl<M: HwMiniport<HostPort>> StorPortModel<M> {
     #[must_use]
     pub fn in_flight(&self) -> (usize, u32) {
         let q = lock(&self.shared.queue);
-        (q.pending.len(), q.adapter.outstanding)
+        (q.pending.len() + q.retry.len(), q.adapter.outstanding)
     }
 
     /// Takes the violations recorded so far (for negative tests).

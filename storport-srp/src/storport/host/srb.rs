@@ -307,7 +307,8 @@ impl SrbBody {
             let seg_end = base + u64::from(segment.len);
             let at = offset + done as u64;
             if at < seg_end {
-                let within = usize::try_from(at - base).map_err(|_| DataAccessError::OutOfBounds)?;
+                let within =
+                    usize::try_from(at - base).map_err(|_| DataAccessError::OutOfBounds)?;
                 let n = (segment.len as usize - within).min(len - done);
                 f(segment, segment.pad + within, done..done + n)?;
                 done += n;
@@ -385,9 +386,11 @@ impl HostSrb {
 impl Drop for HostSrb {
     fn drop(&mut self) {
         if let Some(body) = self.body.take() {
-            self.shared.checker.record(ModelViolation::DroppedWithoutCompletion {
-                request: self.index,
-            });
+            self.shared
+                .checker
+                .record(ModelViolation::DroppedWithoutCompletion {
+                    request: self.index,
+                });
             self.shared.park_dropped(self.index, body);
         }
     }
@@ -401,7 +404,9 @@ impl Srb for HostSrb {
     }
 
     fn function(&self) -> SrbFunction {
-        self.body.as_ref().map_or(SrbFunction::Other(0xFF), |b| b.function)
+        self.body
+            .as_ref()
+            .map_or(SrbFunction::Other(0xFF), |b| b.function)
     }
 
     fn address(&self) -> Address {
@@ -415,7 +420,9 @@ impl Srb for HostSrb {
     }
 
     fn direction(&self) -> DataDirection {
-        self.body.as_ref().map_or(DataDirection::None, |b| b.direction)
+        self.body
+            .as_ref()
+            .map_or(DataDirection::None, |b| b.direction)
     }
 
     fn data_transfer_length(&self) -> u32 {
@@ -429,7 +436,9 @@ impl Srb for HostSrb {
     }
 
     fn srb_status(&self) -> SrbStatus {
-        self.body.as_ref().map_or(SrbStatus::PENDING, |b| b.srb_status)
+        self.body
+            .as_ref()
+            .map_or(SrbStatus::PENDING, |b| b.srb_status)
     }
 
     fn set_srb_status(&mut self, status: SrbStatus) {
@@ -482,7 +491,9 @@ impl Srb for HostSrb {
     }
 
     fn queue_action(&self) -> QueueAction {
-        self.body.as_ref().map_or(QueueAction::Simple, |b| b.queue_action)
+        self.body
+            .as_ref()
+            .map_or(QueueAction::Simple, |b| b.queue_action)
     }
 
     fn timeout_secs(&self) -> u32 {
@@ -536,8 +547,8 @@ mod tests {
         let memory = PhysMemory::new(1 << 24);
         let data: Vec<u8> = (0..50_000u32).map(|i| (i * 7 % 251) as u8).collect();
         for shape in [SgShape::Pages, SgShape::Odd { seed: 3 }] {
-            let spec = RequestSpec::scsi_out(Address::new(0, 0, 0), &[0x2a], data.clone())
-                .shaped(shape);
+            let spec =
+                RequestSpec::scsi_out(Address::new(0, 0, 0), &[0x2a], data.clone()).shaped(shape);
             let body = SrbBody::new(&spec, &memory).unwrap();
             assert!(body.sg_list().len() > 1);
             let mut back = vec![0u8; data.len()];
