@@ -214,9 +214,7 @@ fn target_statuses_map_end_to_end() {
         ] {
             fake.script(Scripted {
                 status: Some(status),
-                sense: None,
-                residual: None,
-                delivery: None,
+                ..Scripted::default()
             });
             let (_, o) = run(
                 &model,
@@ -229,10 +227,8 @@ fn target_statuses_map_end_to_end() {
         }
         // Scripted underrun: a quarter did not move.
         fake.script(Scripted {
-            status: None,
-            sense: None,
             residual: Some(Residual::Underrun(1024)),
-            delivery: None,
+            ..Scripted::default()
         });
         let (_, o) = run(
             &model,

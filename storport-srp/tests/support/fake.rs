@@ -88,7 +88,7 @@ pub const IMMEDIATE_MAX: usize = 8192;
 const MAX_SG: usize = 1024;
 
 /// A scripted answer for the next posted command.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, Default)]
 pub struct Scripted {
     /// Replace the SAM status.
     pub status: Option<u8>,
@@ -98,16 +98,18 @@ pub struct Scripted {
     pub residual: Option<Residual>,
     /// Override the delivery.
     pub delivery: Option<Delivery>,
+    /// Deliver the completion twice (a transport bug the core must absorb).
+    pub twice: bool,
+    /// Refuse the post with this failure (nothing is sent).
+    pub fail_post: Option<FailureKind>,
 }
 
 impl Scripted {
     /// Delivered as `delivery`, otherwise as executed.
     pub fn delivered(delivery: Delivery) -> Self {
         Self {
-            status: None,
-            sense: None,
-            residual: None,
             delivery: Some(delivery),
+            ..Self::default()
         }
     }
 }
@@ -146,6 +148,7 @@ enum Ready {
         residual: Residual,
         sense: [u8; 18],
         sense_len: usize,
+        twice: bool,
     },
     Tmf {
         tag: Tag,
@@ -306,6 +309,7 @@ impl Inner {
             Some(Residual::Underrun(r)) => len.saturating_sub(u64::from(r)),
             _ => len,
         };
+        let twice = script.is_some_and(|s| s.twice);
         let mut moved_in = 0u64;
         let fault = std::cell::Cell::new(false);
         let memory = &*self.memory;
@@ -379,6 +383,7 @@ impl Inner {
             residual,
             sense,
             sense_len,
+            twice,
         });
     }
 
@@ -394,6 +399,7 @@ impl Inner {
                     residual: Residual::None,
                     sense: [0; 18],
                     sense_len: 0,
+                    twice: false,
                 };
                 st.late.retain(|&l| l != i);
                 st.ready.push_back(ready);
@@ -451,18 +457,19 @@ impl Inner {
                     residual,
                     sense,
                     sense_len,
+                    twice,
                     ..
                 } => {
                     bump(&self.counters.completed);
-                    self.upcalls.command_done(
-                        tag,
-                        &CommandResult {
-                            outcome,
-                            sense: &sense[..sense_len],
-                            residual,
-                        },
-                        d,
-                    );
+                    let result = CommandResult {
+                        outcome,
+                        sense: &sense[..sense_len],
+                        residual,
+                    };
+                    self.upcalls.command_done(tag, &result, d);
+                    if twice {
+                        self.upcalls.command_done(tag, &result, d);
+                    }
                 }
                 Ready::Tmf { tag, response } => self.upcalls.tmf_done(tag, response, d),
                 Ready::Credits { target } => self.upcalls.credits_available(target, d),
@@ -667,6 +674,14 @@ impl FakeTransport {
         let delivery = script
             .and_then(|s| s.delivery)
             .unwrap_or(inner.config.delivery);
+        if let Some(kind) = script.and_then(|s| s.fail_post) {
+            let target = st.slots.get_mut(i).map_or(0, |slot| {
+                slot.state = SlotState::Free;
+                slot.target
+            });
+            st.credits[usize::from(target)] += 1;
+            return Err(PostFailed(kind));
+        }
         bump(&inner.counters.posted);
         match delivery {
             Delivery::Synchronous => {
