@@ -106,15 +106,23 @@ fn timeouts_reset_the_bus_and_complete_everything_once() {
             ids.push(model.submit(&read(lun(0, 0), i).timeout(5), p).unwrap());
             ids.push(
                 model
-                    .submit(&RequestSpec::scsi(lun(1, 1), &scsi::test_unit_ready()).timeout(5), p)
+                    .submit(
+                        &RequestSpec::scsi(lun(1, 1), &scsi::test_unit_ready()).timeout(5),
+                        p,
+                    )
                     .unwrap(),
             );
         }
         model.settle();
         assert_eq!(fake.held(), 8);
         // One more, still waiting for its list when the reset comes.
-        let waiting = model.submit(&write(lun(1, 0), 9, 1).timeout(30), p).unwrap();
-        assert_eq!(model.outcome(waiting).unwrap().state, RequestState::InSgBuild);
+        let waiting = model
+            .submit(&write(lun(1, 0), 9, 1).timeout(30), p)
+            .unwrap();
+        assert_eq!(
+            model.outcome(waiting).unwrap().state,
+            RequestState::InSgBuild
+        );
         model.advance(5 * SECOND, p);
         assert_eq!(model.stats().bus_resets, 1);
         model.settle();
@@ -159,7 +167,11 @@ fn transport_breaches_are_absorbed() {
             fail_post: Some(FailureKind::Unsupported),
             ..Scripted::default()
         });
-        let (_, o) = run(model, &RequestSpec::scsi(lun(0, 1), &scsi::test_unit_ready()), p);
+        let (_, o) = run(
+            model,
+            &RequestSpec::scsi(lun(0, 1), &scsi::test_unit_ready()),
+            p,
+        );
         assert_eq!(o.status, SrbStatus::INVALID_REQUEST);
         // The target's own credits were returned each time.
         assert_eq!(fake.credits(0), FakeConfig::default().credits);
@@ -185,20 +197,26 @@ fn abort_reaches_the_transport() {
         let victim = model.submit(&read(lun(1, 0), 4), p).unwrap();
         model.settle();
         assert_eq!(fake.held(), 1);
-        let abort = model.submit(&RequestSpec::abort(lun(1, 0), victim), p).unwrap();
+        let abort = model
+            .submit(&RequestSpec::abort(lun(1, 0), victim), p)
+            .unwrap();
         model.settle();
         assert_eq!(done_once(model, victim), SrbStatus::ABORTED);
         assert_eq!(done_once(model, abort), SrbStatus::SUCCESS);
         assert_eq!(fake.stats().aborts, 1);
         assert_eq!(model.miniport().core().stats().tmfs_sent, 1);
         // Nothing left to abort.
-        let again = model.submit(&RequestSpec::abort(lun(1, 0), victim), p).unwrap();
+        let again = model
+            .submit(&RequestSpec::abort(lun(1, 0), victim), p)
+            .unwrap();
         model.settle();
         assert_eq!(done_once(model, again), SrbStatus::ABORT_FAILED);
         // The victim is still building its list: claimed locally.
         let early = model.submit(&write(lun(1, 1), 8, 9), p).unwrap();
         assert_eq!(model.outcome(early).unwrap().state, RequestState::InSgBuild);
-        let abort = model.submit(&RequestSpec::abort(lun(1, 1), early), p).unwrap();
+        let abort = model
+            .submit(&RequestSpec::abort(lun(1, 1), early), p)
+            .unwrap();
         assert_eq!(done_once(model, abort), SrbStatus::SUCCESS);
         let posted = fake.stats().posted;
         model.settle();
@@ -212,7 +230,9 @@ fn abort_reaches_the_transport() {
         let late = model.submit(&read(lun(0, 0), 0), p).unwrap();
         model.settle();
         assert_eq!(fake.release_late(1), 1);
-        let id = model.submit(&RequestSpec::abort(lun(0, 0), late), p).unwrap();
+        let id = model
+            .submit(&RequestSpec::abort(lun(0, 0), late), p)
+            .unwrap();
         model.settle();
         assert_eq!(done_once(model, late), SrbStatus::SUCCESS);
         assert_eq!(done_once(model, id), SrbStatus::ABORT_FAILED);
@@ -248,10 +268,16 @@ fn lun_reset_reaches_the_transport() {
         for &id in &here {
             assert_eq!(done_once(model, id), SrbStatus::BUS_RESET);
         }
-        assert_eq!(model.outcome(there).unwrap().state, RequestState::InMiniport);
+        assert_eq!(
+            model.outcome(there).unwrap().state,
+            RequestState::InMiniport
+        );
         assert_eq!(fake.stats().lun_resets, 1);
         let device = model
-            .submit(&RequestSpec::function(SrbFunction::ResetDevice, lun(0, 0)), p)
+            .submit(
+                &RequestSpec::function(SrbFunction::ResetDevice, lun(0, 0)),
+                p,
+            )
             .unwrap();
         model.settle();
         assert_eq!(done_once(model, device), SrbStatus::SUCCESS);
