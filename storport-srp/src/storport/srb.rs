@@ -569,10 +569,10 @@ mod tests {
     }
 
     /// The constants agree with the Windows headers the NT shim binds.
-    #[cfg(feature = "nt")]
+    #[cfg(all(feature = "nt", not(feature = "wdk")))]
     #[test]
     fn constants_match_the_ddk() {
-        use crate::nt::ffi as k;
+        use crate::nt::ffi::mingw as k;
         let pairs = [
             (SrbStatus::PENDING, k::SRB_STATUS_PENDING),
             (SrbStatus::SUCCESS, k::SRB_STATUS_SUCCESS),
@@ -636,13 +636,23 @@ mod tests {
             u32::from(QueueAction::Ordered.code()),
             k::SRB_ORDERED_QUEUE_TAG_REQUEST
         );
-        assert_eq!(
-            PnpAction::SurpriseRemoval.code(),
-            k::_STOR_PNP_ACTION::StorSurpriseRemoval
-        );
-        assert_eq!(
-            PnpAction::QueryCapabilities.code(),
-            k::_STOR_PNP_ACTION::StorQueryCapabilities
-        );
+        for (ours, theirs) in [
+            (PnpAction::StartDevice, k::_STOR_PNP_ACTION::StorStartDevice),
+            (
+                PnpAction::RemoveDevice,
+                k::_STOR_PNP_ACTION::StorRemoveDevice,
+            ),
+            (PnpAction::StopDevice, k::_STOR_PNP_ACTION::StorStopDevice),
+            (
+                PnpAction::QueryCapabilities,
+                k::_STOR_PNP_ACTION::StorQueryCapabilities,
+            ),
+            (
+                PnpAction::SurpriseRemoval,
+                k::_STOR_PNP_ACTION::StorSurpriseRemoval,
+            ),
+        ] {
+            assert_eq!(ours.code(), theirs, "{ours:?}");
+        }
     }
 }
