@@ -948,8 +948,17 @@ impl<S: StorPort, T: Transport> Adapter<S, T> {
                 }
             }
             Err(ParkRefused::Disposed(srb, disposition)) => {
+                // The transport lets go of the tag before the tracker
+                // may hand it out again.
                 self.transport.discard(prepared, irql);
-                core.finish_local(srb, disposition_status(disposition), has_sg, irql);
+                self.abandon(
+                    srb,
+                    tag,
+                    address,
+                    has_sg,
+                    disposition_status(disposition),
+                    irql,
+                );
             }
             Err(ParkRefused::NotReserved(srb)) => {
                 self.transport.discard(prepared, irql);
@@ -1079,7 +1088,12 @@ impl<S: StorPort, T: Transport> Adapter<S, T> {
                     }
                 }
             }
-            Err(ParkRefused::Disposed(srb, _) | ParkRefused::NotReserved(srb)) => {
+            Err(ParkRefused::Disposed(srb, _)) => {
+                // Unreachable: aborts and resets claim commands only.
+                let _ = core.tracker.release(tag, irql);
+                core.complete_local(srb, SrbStatus::INTERNAL_ERROR, irql);
+            }
+            Err(ParkRefused::NotReserved(srb)) => {
                 core.complete_local(srb, SrbStatus::INTERNAL_ERROR, irql);
             }
         }

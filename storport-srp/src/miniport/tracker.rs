@@ -15,11 +15,10 @@
 //!
 //! # States
 //! ```text
-//!          reserve            park (gate open, no disposition)
-//!   Free ─────────► Reserved ─────────────────────────► Active ──take/unpark──► Free
-//!     ▲                │  park with a disposition,                │
-//!     └────────────────┘  or release                              │
-//!     └────────────────────────────────────────────────────────────┘
+//!          reserve            park (no disposition)
+//!   Free ─────────► Reserved ────────────────────► Active ──take/unpark──► Free
+//!     ▲                │ release (after a refused park: the
+//!     └────────────────┘ disposition is returned)
 //! ```
 //! *Reserved*: the tag is handed out, the request is still in the caller's
 //! hands (scatter/gather build, `prepare`). An abort or reset that finds a
@@ -239,8 +238,11 @@ impl<R, P: Platform> Tracker<R, P> {
     }
 
     /// Parks `request` under its reservation: from now on a completion for
-    /// `tag` finds it. Refused (request handed back, slot freed) when an
-    /// abort or reset claimed the reservation first.
+    /// `tag` finds it. Refused, with the request handed back, when an abort
+    /// or reset claimed the reservation first; the reservation then stays
+    /// until the caller [`Self::release`]s it — after giving back whatever
+    /// it prepared under the tag, so the tag is not reused while the
+    /// transport still holds it.
     ///
     /// # Errors
     /// [`ParkRefused`].
@@ -252,25 +254,24 @@ impl<R, P: Platform> Tracker<R, P> {
         let Some(slot) = self.slots.get(index) else {
             return Err(ParkRefused::NotReserved(request));
         };
-        let refused = {
-            let mut slot = slot.lock(irql);
-            if slot.generation != generation {
-                return Err(ParkRefused::NotReserved(request));
+        let mut slot = slot.lock(irql);
+        if slot.generation != generation {
+            return Err(ParkRefused::NotReserved(request));
+        }
+        match core::mem::replace(&mut slot.state, SlotState::Free) {
+            SlotState::Reserved(meta) if meta.disposition == Disposition::Proceed => {
+                slot.state = SlotState::Active(meta, request);
+                Ok(())
             }
-            match core::mem::replace(&mut slot.state, SlotState::Free) {
-                SlotState::Reserved(meta) if meta.disposition == Disposition::Proceed => {
-                    slot.state = SlotState::Active(meta, request);
-                    return Ok(());
-                }
-                SlotState::Reserved(meta) => ParkRefused::Disposed(request, meta.disposition),
-                other => {
-                    slot.state = other;
-                    return Err(ParkRefused::NotReserved(request));
-                }
+            SlotState::Reserved(meta) => {
+                slot.state = SlotState::Reserved(meta);
+                Err(ParkRefused::Disposed(request, meta.disposition))
             }
-        };
-        self.push_free(index, irql);
-        Err(refused)
+            other => {
+                slot.state = other;
+                Err(ParkRefused::NotReserved(request))
+            }
+        }
     }
 
     /// Takes a parked request out (its completion). `None` if `tag` is not
@@ -495,6 +496,11 @@ mod tests {
                 Err(ParkRefused::Disposed(Req(2), Disposition::Reset)) => {}
                 other => panic!("{other:?}"),
             }
+            // Refused reservations stay until released, so their tags are
+            // not reused before the caller has given back what it prepared.
+            assert_eq!(t.in_use(p), 3);
+            assert_eq!(t.release(a, p), Some(Disposition::Aborted));
+            assert_eq!(t.release(b, p), Some(Disposition::Reset));
             assert_eq!(t.in_use(p), 1);
         });
         platform.finish();

@@ -35,6 +35,10 @@
 //!   target can no longer reach the command's buffer (its MR invalidated,
 //!   or the QP flushed): the core hands the buffer back to Windows in that
 //!   upcall.
+//! * **Let go of the tag first.** By the time a command's completion upcall
+//!   is made (or `discard` or a failed `post` returns), the engine holds
+//!   nothing under its tag: the core may reuse the tag at once, even from
+//!   inside the upcall, on another processor.
 //! * **Bounded.** [`Transport::reset`] and the task management functions
 //!   terminate what they cover without waiting for the target's goodwill:
 //!   every covered command is completed promptly (inline, or from the

@@ -25,8 +25,8 @@
 //!   routine that runs longer than its budget (it blocked, or tore down
 //!   inline) is flagged, and the kverbs verifier flags any blocking or
 //!   allocation at raised IRQL in every callback;
-//! * after a bus reset, every request the miniport held completes within
-//!   the reset grace period;
+//! * after a bus reset, every request the miniport held (whose StartIo had
+//!   returned) completes within the reset grace period;
 //! * busy/ready is honoured — requests are held back while the adapter or
 //!   a device is busy or paused, `SRB_STATUS_BUSY` requeues the request and
 //!   reruns BuildIo/StartIo with the extension's contents lost (poisoned) —
@@ -297,6 +297,9 @@ struct RecordInner {
     body: Option<Box<SrbBody>>,
     device: Option<usize>,
     issued_at: u64,
+    /// StartIo (BuildIo + StartIo) for this issue has returned: the
+    /// miniport has "received" the request in HwResetBus's sense.
+    handed: bool,
     timeout_secs: u32,
     timed_out: bool,
     reset_deadline: Option<u64>,
@@ -504,6 +507,8 @@ impl ModelShared {
         inner.state = RequestState::InMiniport;
         inner.generation = inner.generation.wrapping_add(1);
         inner.issued_at = now;
+        inner.handed = false;
+        inner.reset_deadline = None;
         inner.timed_out = false;
         let body = inner.body.take();
         let generation = inner.generation;
@@ -523,7 +528,9 @@ impl ModelShared {
             let Some(srb) = self.next_dispatchable() else {
                 return;
             };
+            let (index, generation) = (srb.index, srb.generation);
             calls.dispatch(srb, AnyIrql::Passive(irql));
+            self.handed(index, generation);
         }
         self.kick();
     }
@@ -534,9 +541,21 @@ impl ModelShared {
             let Some(srb) = self.next_dispatchable() else {
                 return;
             };
+            let (index, generation) = (srb.index, srb.generation);
             calls.dispatch(srb, AnyIrql::Dispatch(irql));
+            self.handed(index, generation);
         }
         self.kick();
+    }
+
+    /// StartIo for this issue of `index` returned.
+    fn handed(&self, index: u32, generation: u32) {
+        if let Some(record) = self.records.get(index as usize) {
+            let mut inner = lock(&record.inner);
+            if inner.generation == generation {
+                inner.handed = true;
+            }
+        }
     }
 
     /// `StorPortNotification(RequestComplete)`, checked.
@@ -586,6 +605,9 @@ impl ModelShared {
         body.sg_state = SgState::NotBuilt;
         let busy = body.srb_status.base() == SrbStatus::BUSY;
         let device = inner.device;
+        // Either way the miniport has given the request back: a reset's
+        // claim on this issue is met.
+        inner.reset_deadline = None;
         if busy {
             inner.state = RequestState::Queued;
             inner.busy_requeues += 1;
@@ -699,10 +721,14 @@ impl ModelShared {
         let deadline = now.saturating_add(ns(self.config.reset_grace));
         for record in &*self.records {
             let mut inner = lock(&record.inner);
-            if matches!(
-                inner.state,
-                RequestState::InMiniport | RequestState::InSgBuild
-            ) {
+            // Requests whose StartIo is still running (a virtual miniport's
+            // StartIo is not excluded from a reset) are not yet received.
+            if inner.handed
+                && matches!(
+                    inner.state,
+                    RequestState::InMiniport | RequestState::InSgBuild
+                )
+            {
                 inner.reset_deadline = Some(deadline);
             }
         }
@@ -1127,6 +1153,7 @@ impl<M: HwMiniport<HostPort>> StorPortModel<M> {
                             body: None,
                             device: None,
                             issued_at: 0,
+                            handed: false,
                             timeout_secs: 0,
                             timed_out: false,
                             reset_deadline: None,
