@@ -23,6 +23,7 @@
 //! | [`Srb::sense_buffer`] | `SenseInfoBuffer` + `SenseInfoBufferLength` |
 //! | [`Srb::extension`] | `SrbExtension` (`SrbExtensionSize` bytes) |
 //! | [`Srb::queue_action`] | `QueueAction` + `SRB_FLAGS_QUEUE_ACTION_ENABLE` |
+//! | [`Srb::queue_tag`] | `QueueTag` (`SrbGetQueueTag`) |
 //! | [`Srb::timeout_secs`] | `TimeOutValue` |
 //! | [`Srb::abort_target`] | `NextSrb` (ABORT_COMMAND) and its `SrbExtension` |
 //! | [`Srb::pnp_action`] | `SCSI_PNP_REQUEST_BLOCK::PnPAction` / `SRBEX_DATA_PNP` |
@@ -499,6 +500,10 @@ pub trait Srb: Send + 'static {
 
     /// The task attribute.
     fn queue_action(&self) -> QueueAction;
+
+    /// StorPort's own tag for the request (`QueueTag`). Informational: the
+    /// core names requests by its own [`crate::miniport::transport::Tag`].
+    fn queue_tag(&self) -> u8;
 
     /// `TimeOutValue`, seconds.
     fn timeout_secs(&self) -> u32;

@@ -496,6 +496,12 @@ impl Srb for HostSrb {
             .map_or(QueueAction::Simple, |b| b.queue_action)
     }
 
+    fn queue_tag(&self) -> u8 {
+        // StorPort hands out tags per LUN; the model numbers them by
+        // request, which is as unique while outstanding.
+        self.index.to_le_bytes()[0]
+    }
+
     fn timeout_secs(&self) -> u32 {
         self.body.as_ref().map_or(0, |b| b.timeout_secs)
     }
