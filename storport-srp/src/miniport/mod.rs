@@ -37,6 +37,11 @@
 //! resets the transport: so every request is either claimed by the reset,
 //! or posted before the transport resets (and terminated by it), or refused
 //! at the gate and answered `SRB_STATUS_BUSY`. None slips past a reset.
+//! The wait ends because a post is bounded and never waits for anything;
+//! the one assumption is that a reset is never entered from *inside* a
+//! post on the same processor — StorPort calling `HwResetBus`, or
+//! `HwStartIo` with a RESET_BUS request, from within the miniport's own
+//! `RequestComplete` notification. The host model never does.
 //!
 //! # IRQL
 //! Everything reachable from `HwStartIo`, the ExecutionRoutine, the DPC,
