@@ -36,13 +36,25 @@
 
 extern crate alloc;
 
+pub mod cq;
+pub mod device;
 pub mod drain;
+pub mod error;
+#[cfg(all(feature = "host", not(loom)))]
+pub mod hostdev;
+mod interrupt;
 pub mod irql;
+pub mod mr;
+pub mod pd;
 pub mod platform;
+pub mod qp;
 pub mod rundown;
+pub mod slots;
+pub mod slowpath;
 pub mod sync;
 pub mod wire;
 pub mod worker;
+pub mod wr;
 
 #[cfg(all(test, loom))]
 mod loom_tests;

@@ -294,3 +294,49 @@ fn loom_rundown_destroy_after_last_reference_exactly_once() {
         assert_eq!(destroyed.load(Ordering::Acquire), 1);
     });
 }
+
+/// The send queue's work-request table and accounting
+/// ([`crate::slots::SlotRing`]): a poster and the completion side race on
+/// a ring of 2 slots across wrap-around; every value arrives exactly once,
+/// in order, and the producer never writes a slot the consumer owns (loom
+/// checks the `UnsafeCell` accesses).
+#[test]
+fn loom_slot_ring_handoff_and_accounting() {
+    use crate::slots::SlotRing;
+    loom::model(|| {
+        let ring: Arc<SlotRing<u32>> = Arc::new(SlotRing::new(2));
+        let producer = {
+            let ring = Arc::clone(&ring);
+            thread::spawn(move || {
+                let mut next = 0u32;
+                while next < 3 {
+                    let mut p = ring.producer().unwrap_or_else(|| unreachable!());
+                    if p.free() == 0 {
+                        drop(p);
+                        thread::yield_now();
+                        continue;
+                    }
+                    let at = p.published();
+                    assert!(p.put(at, next).is_ok(), "producer owns free slots");
+                    assert!(p.publish(at + 1).is_ok());
+                    next += 1;
+                }
+            })
+        };
+        let mut got = 0u32;
+        while got < 3 {
+            let mut c = ring.consumer().unwrap_or_else(|| unreachable!());
+            let at = c.reclaimed();
+            if c.published() == at {
+                drop(c);
+                thread::yield_now();
+                continue;
+            }
+            assert_eq!(c.take(at), Ok(Some(got)), "in order, exactly once");
+            assert!(c.reclaim(at + 1).is_ok());
+            got += 1;
+        }
+        producer.join().unwrap();
+        assert_eq!(ring.outstanding(), 0);
+    });
+}

@@ -236,6 +236,8 @@ struct ThreadState {
     /// Ids of held spin locks, innermost last.
     held: [Cell<usize>; STACK_DEPTH],
     held_depth: Cell<usize>,
+    /// True while the thread runs the device model (see [`as_device`]).
+    in_device: Cell<bool>,
 }
 
 thread_local! {
@@ -249,6 +251,7 @@ thread_local! {
             raise_depth: Cell::new(0),
             held: [const { Cell::new(0) }; STACK_DEPTH],
             held_depth: Cell::new(0),
+            in_device: Cell::new(false),
         }
     };
 }
@@ -265,6 +268,11 @@ fn current_irql_raw() -> Irql {
 
 fn record(kind: ViolationKind) {
     let _ = with_thread(|t| {
+        if t.in_device.get() {
+            // The device model is hardware: its work is not driver CPU time
+            // and follows no IRQL contract.
+            return;
+        }
         let v = Violation {
             kind,
             irql: Irql::from_raw(t.irql.get()),
@@ -282,13 +290,60 @@ fn check_may_block(op: BlockingOp) {
 
 fn check_may_allocate(size: usize) {
     let _ = with_thread(|t| {
-        if !Irql::from_raw(t.irql.get()).may_block() {
+        if !t.in_device.get() && !Irql::from_raw(t.irql.get()).may_block() {
             if let Some(v) = t.verifier.get() {
                 v.allocations_at_dispatch.fetch_add(1, Ordering::Relaxed);
             }
             record(ViolationKind::AllocatedAtDispatch { size });
         }
     });
+}
+
+/// Runs `f` as the device model — the hardware — rather than as driver
+/// code: nothing it does is checked against the IRQL contract.
+///
+/// A software HCA executes posted work inside the doorbell write when it
+/// runs inline, on whatever thread rang it (possibly at `DISPATCH_LEVEL`
+/// in a DPC); its allocations and locks stand for silicon, not for the
+/// driver. kverbs' host adapter for the software HCA
+/// ([`crate::hostdev`]) wraps every doorbell register in this scope and
+/// every driver handler the device calls back in [`as_driver`], so the
+/// driver's own code stays fully checked even when it runs inside a
+/// doorbell write.
+///
+/// # IRQL
+///
+/// Any; the thread's IRQL is unchanged.
+pub fn as_device<R>(f: impl FnOnce() -> R) -> R {
+    let previous = with_thread(|t| t.in_device.replace(true)).unwrap_or(false);
+    let result = f();
+    let _ = with_thread(|t| t.in_device.set(previous));
+    result
+}
+
+/// Records a [`ViolationKind::BlockedAtDispatch`] if the calling thread is
+/// at `DISPATCH_LEVEL` or above: for device-model entry points that stand
+/// for blocking firmware commands, so a driver that issues one from a DPC
+/// is caught even though the model itself never waits on a kernel object.
+///
+/// # IRQL
+///
+/// Any (that is what it checks).
+pub fn check_blocking_call() {
+    check_may_block(BlockingOp::Wait);
+}
+
+/// Inside [`as_device`], runs `f` as driver code again (a device model
+/// calling a driver's event handler): the checks apply.
+///
+/// # IRQL
+///
+/// Any; the thread's IRQL is unchanged.
+pub fn as_driver<R>(f: impl FnOnce() -> R) -> R {
+    let previous = with_thread(|t| t.in_device.replace(false)).unwrap_or(false);
+    let result = f();
+    let _ = with_thread(|t| t.in_device.set(previous));
+    result
 }
 
 /// `KeRaiseIrql(DISPATCH_LEVEL)` on the thread model.

@@ -1,0 +1,607 @@
+//! Completion queues: polling the CQ ring, arming with "report missed
+//! events" semantics, and delivering `(context, completion)` to the
+//! consumer through one drain loop per CQ.
+//!
+//! # Delivery
+//!
+//! The HCA's completion event (its interrupt) only notifies the CQ's
+//! [`DpcDrainer`]; the CQ's DPC drains under the device's budget
+//! ([`crate::device::DeviceConfig::cq_budget`]) and requeues itself when
+//! the budget runs out. A consumer may also drain on its own stack
+//! ([`Cq::drain_inline`], the `IB_POLL_DIRECT` style). Either way one drain
+//! loop runs per CQ, so a handler that posts work which completes at once
+//! — even inline, inside the doorbell write — never nests a second
+//! delivery: the stack depth is one loop iteration whatever the chain.
+//!
+//! # Polling and arming (the CQ doorbell record)
+//!
+//! A poll reads CQEs at the consumer counter by owner-bit parity
+//! ([`hca_lowlevel::ring::CqRing::poll`]: ownership, then
+//! [`hca_lowlevel::barrier::from_device`], then the contents), resolves
+//! each to its work request in O(1) through the QP's slot table (the CQE's
+//! WQE counter is the slot index), and writes the consumer counter to the
+//! doorbell record once per batch. Arming writes `sn<<28 | ci` to the
+//! record, then (after [`hca_lowlevel::barrier::mmio_wc_start`]) the arm
+//! doorbell; the device fires at once if CQEs already lie beyond `ci`.
+//! kverbs then looks at the CQE at `ci` itself and answers
+//! [`ArmOutcome::MissedEvents`] if one is there, so the drain loop polls
+//! again instead of waiting for an event that was already spent. The arm
+//! sequence number is the count of events received, as the device expects
+//! (an arm with the sequence number of an event already delivered is
+//! stale and ignored).
+//!
+//! # Lifetime
+//!
+//! A CQ outlives every QP attached to it (QPs hold it). Destroy refuses
+//! while QPs are attached; after [`CqHandler::on_destroyed`] no callback of
+//! the CQ runs again (run-down).
+
+use alloc::sync::{Arc, Weak};
+use core::fmt;
+
+use hca_lowlevel::barrier;
+use hca_lowlevel::cqe::{CqeOpcode, CqeRepr};
+use hca_lowlevel::device::{AsyncEvent, CqEventHandler};
+use hca_lowlevel::dma::DmaBuffer;
+use hca_lowlevel::doorbell::{CqArm, CqDoorbellRecord, DoorbellRegister};
+use hca_lowlevel::ring::CqRing;
+
+use crate::device::{AsyncTarget, Device, DeviceInner, TargetId};
+use crate::drain::DrainOutcome;
+use crate::drain::{ArmOutcome, Budget, CompletionHandler, CompletionSource, DpcDrainer};
+use crate::error::VerbsError;
+use crate::interrupt::enter_dispatch;
+use crate::irql::{AnyIrql, Dispatch, LeDispatch, Passive};
+use crate::platform::{DpcTarget, Platform};
+use crate::qp::{QpShared, QueueKind};
+use crate::rundown::Rundown;
+use crate::slowpath::{Callback, Job, ResultSlot, take_result};
+use crate::sync::SpinLock;
+use crate::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use crate::wr::Completion;
+
+/// Most QPs that may complete on one CQ (the lookup from a CQE's QP number
+/// to its QP scans this many entries at most; channels usually attach one
+/// or two).
+pub const MAX_QPS_PER_CQ: usize = 16;
+
+/// Receives a CQ's completions and events.
+pub trait CqHandler<C>: Send + Sync {
+    /// One completion with the context its work request carried.
+    ///
+    /// # IRQL
+    ///
+    /// `DISPATCH_LEVEL` (the CQ's DPC, or an inline drain raised to it).
+    fn on_completion(&self, completion: Completion<C>, irql: &Dispatch<'_>);
+
+    /// An asynchronous event for this CQ ([`AsyncEvent::CqError`]: the CQ
+    /// overran and it and its QPs are unusable).
+    ///
+    /// # IRQL
+    ///
+    /// `DISPATCH_LEVEL`.
+    fn on_async_event(&self, event: AsyncEvent, irql: &Dispatch<'_>) {
+        let _ = (event, irql);
+    }
+
+    /// The CQ is destroyed; no callback of it runs after this one.
+    ///
+    /// # IRQL
+    ///
+    /// `DISPATCH_LEVEL`.
+    fn on_destroyed(&self, irql: &Dispatch<'_>) {
+        let _ = irql;
+    }
+}
+
+/// How to create a CQ.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CqConfig {
+    /// CQEs (rounded up to a power of two by the device). Must cover the
+    /// send and receive queues of every QP attached.
+    pub entries: u32,
+    /// The processor of the CQ's DPC.
+    pub dpc_target: DpcTarget,
+    /// The drain budget per DPC (`None`: the device's default).
+    pub budget: Option<Budget>,
+}
+
+impl CqConfig {
+    /// `entries` CQEs, DPC on the current processor, default budget.
+    pub fn new(entries: u32) -> Self {
+        CqConfig {
+            entries,
+            dpc_target: DpcTarget::Current,
+            budget: None,
+        }
+    }
+}
+
+/// What one CQE turns into.
+pub(crate) enum CqItem<P: Platform, C: Send + 'static> {
+    /// A completion for the consumer.
+    Wc(Completion<C>),
+    /// A QP's drain marker: every completion of that queue before it has
+    /// been delivered.
+    Marker(Arc<QpShared<P, C>>, QueueKind),
+}
+
+struct Attached<P: Platform, C: Send + 'static> {
+    qps: heapless::Vec<Arc<QpShared<P, C>>, MAX_QPS_PER_CQ>,
+    /// CQEs the attached queues can have outstanding.
+    depth: u32,
+}
+
+/// Counters of things that should not happen.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CqStats {
+    /// CQEs polled.
+    pub polled: u64,
+    /// Completion events received.
+    pub events: u64,
+    /// CQEs naming a QP not attached to this CQ, or a counter outside the
+    /// QP's outstanding window (a faulty device): dropped.
+    pub stray_cqes: u64,
+    /// CQEs that could not be decoded: dropped.
+    pub malformed_cqes: u64,
+}
+
+/// The ring side: the drain loop's [`CompletionSource`].
+pub(crate) struct CqCore<P: Platform, C: Send + 'static> {
+    cqn: u32,
+    ring: CqRing<DmaBuffer>,
+    dbr: CqDoorbellRecord<DmaBuffer>,
+    arm_doorbell: Arc<dyn DoorbellRegister>,
+    /// Consumer counter; written only by the poller holding `polling`.
+    ci: AtomicU32,
+    /// Completion events received: the next arm's sequence number.
+    events: AtomicU32,
+    polling: AtomicBool,
+    attached: SpinLock<Attached<P, C>, P>,
+    polled: AtomicU64,
+    stray: AtomicU64,
+    malformed: AtomicU64,
+}
+
+impl<P: Platform, C: Send + 'static> CqCore<P, C> {
+    /// Claims the poll/arm side (the drain loop serialises them; this
+    /// makes it true even if a caller misuses the API).
+    fn claim(&self) -> Option<PollClaim<'_>> {
+        (!self.polling.swap(true, Ordering::Acquire)).then_some(PollClaim(&self.polling))
+    }
+
+    fn resolve(&self, cqe: &CqeRepr, attached: &Attached<P, C>) -> Option<CqItem<P, C>> {
+        let qp = attached.qps.iter().find(|q| q.qpn == cqe.qpn)?;
+        let send = matches!(cqe.opcode, CqeOpcode::Req | CqeOpcode::ReqErr);
+        if send {
+            qp.complete_send(cqe)
+        } else {
+            qp.complete_recv(cqe)
+        }
+    }
+}
+
+struct PollClaim<'a>(&'a AtomicBool);
+
+impl Drop for PollClaim<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
+    }
+}
+
+impl<P: Platform, C: Send + 'static> CompletionSource for CqCore<P, C> {
+    type Completion = CqItem<P, C>;
+
+    fn poll<const N: usize>(&self, out: &mut heapless::Vec<CqItem<P, C>, N>, irql: &Dispatch<'_>) {
+        let Some(_claim) = self.claim() else { return };
+        let start = self.ci.load(Ordering::Relaxed);
+        let mut ci = start;
+        {
+            let attached = self.attached.lock_at_dpc_level(irql);
+            while !out.is_full() {
+                let Some(raw) = self.ring.poll(ci) else { break };
+                ci = ci.wrapping_add(1);
+                let cqe = match CqeRepr::parse(&raw) {
+                    Ok(c) => c,
+                    Err(_) => {
+                        self.malformed.fetch_add(1, Ordering::Relaxed);
+                        continue;
+                    }
+                };
+                if cqe.opcode == CqeOpcode::ResizeCq {
+                    continue;
+                }
+                match self.resolve(&cqe, &attached) {
+                    Some(item) => {
+                        if let Err(item) = out.push(item) {
+                            // Unreachable: checked `is_full` above.
+                            drop(item);
+                        }
+                    }
+                    None => {
+                        self.stray.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+        }
+        if ci != start {
+            self.polled
+                .fetch_add(u64::from(ci.wrapping_sub(start)), Ordering::Relaxed);
+            self.ci.store(ci, Ordering::Relaxed);
+            // One consumer-index update per batch: the CQEs are free again.
+            self.dbr.set_ci(ci);
+        }
+    }
+
+    fn arm(&self, _irql: &Dispatch<'_>) -> ArmOutcome {
+        let Some(_claim) = self.claim() else {
+            return ArmOutcome::MissedEvents;
+        };
+        let ci = self.ci.load(Ordering::Relaxed);
+        let arm = CqArm {
+            sn: (self.events.load(Ordering::Acquire) & 3) as u8,
+            solicited_only: false,
+            ci,
+        };
+        self.dbr.set_arm(arm);
+        barrier::mmio_wc_start();
+        self.arm_doorbell.write64(arm.doorbell_value(self.cqn));
+        barrier::mmio_flush_writes();
+        // Report missed events: a CQE already waiting at `ci` may have been
+        // written before the arm took effect.
+        if self.ring.poll(ci).is_some() {
+            ArmOutcome::MissedEvents
+        } else {
+            ArmOutcome::Armed
+        }
+    }
+}
+
+/// The delivery side: the drain loop's [`CompletionHandler`].
+pub(crate) struct CqDeliver<P: Platform, C: Send + 'static> {
+    handler: Arc<dyn CqHandler<C>>,
+    rundown: Arc<Rundown<P>>,
+}
+
+impl<P: Platform, C: Send + 'static> CompletionHandler<CqItem<P, C>> for CqDeliver<P, C> {
+    fn on_completion(&self, item: CqItem<P, C>, irql: &Dispatch<'_>) {
+        match item {
+            CqItem::Wc(wc) => {
+                if let Some(_entered) = self.rundown.acquire() {
+                    self.handler.on_completion(wc, irql);
+                }
+            }
+            CqItem::Marker(qp, queue) => qp.marker_completed(queue, irql),
+        }
+    }
+}
+
+type Drainer<P, C> = DpcDrainer<P, CqCore<P, C>, CqDeliver<P, C>>;
+
+/// The completion-event hook given to the HCA (interrupt context).
+struct CqEventHook<P: Platform, C: Send + 'static> {
+    drainer: SpinLock<Option<Weak<Drainer<P, C>>>, P>,
+}
+
+impl<P: Platform, C: Send + 'static> CqEventHandler for CqEventHook<P, C> {
+    fn completion_event(&self, _cqn: u32) {
+        let drainer =
+            enter_dispatch::<P, _>(|d| self.drainer.lock(d).as_ref().and_then(Weak::upgrade));
+        if let Some(drainer) = drainer {
+            drainer.source().events.fetch_add(1, Ordering::AcqRel);
+            drainer.notify();
+        }
+    }
+}
+
+pub(crate) struct CqShared<P: Platform, C: Send + 'static> {
+    pub(crate) cqn: u32,
+    pub(crate) entries: u32,
+    drainer: Arc<Drainer<P, C>>,
+    pub(crate) device: Arc<DeviceInner<P>>,
+    destroyed: AtomicBool,
+}
+
+impl<P: Platform, C: Send + 'static> AsyncTarget for CqShared<P, C> {
+    fn async_event(&self, event: AsyncEvent, irql: &Dispatch<'_>) {
+        let deliver = self.drainer.handler();
+        if let Some(_entered) = deliver.rundown.acquire() {
+            deliver.handler.on_async_event(event, irql);
+        }
+    }
+}
+
+/// A completion queue whose completions carry contexts of type `C`
+/// (cheap to clone; clones share it).
+pub struct Cq<P: Platform, C: Send + 'static> {
+    pub(crate) shared: Arc<CqShared<P, C>>,
+}
+
+impl<P: Platform, C: Send + 'static> Clone for Cq<P, C> {
+    fn clone(&self) -> Self {
+        Cq {
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+impl<P: Platform, C: Send + 'static> fmt::Debug for Cq<P, C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Cq")
+            .field("cqn", &self.shared.cqn)
+            .field("entries", &self.shared.entries)
+            .finish()
+    }
+}
+
+impl<P: Platform, C: Send + 'static> Cq<P, C> {
+    /// Creates a CQ delivering to `handler`, and arms it.
+    ///
+    /// # Errors
+    ///
+    /// [`VerbsError::Hca`] (`InvalidSize`, `OutOfResources`),
+    /// [`VerbsError::Alloc`], [`VerbsError::TableFull`].
+    ///
+    /// # IRQL
+    ///
+    /// `PASSIVE_LEVEL` only.
+    pub fn create(
+        device: &Device<P>,
+        config: CqConfig,
+        handler: Arc<dyn CqHandler<C>>,
+        irql: &Passive<'_>,
+    ) -> Result<Self, VerbsError> {
+        let dev = &device.inner;
+        let hook: Arc<CqEventHook<P, C>> = Arc::new(CqEventHook {
+            drainer: SpinLock::new(None),
+        });
+        let res = dev.hca.create_cq(config.entries, hook.clone())?;
+        let entries = res.ring.entries();
+        let cqn = res.cqn;
+        let on_destroyed = {
+            let handler = Arc::clone(&handler);
+            move |d: &Dispatch<'_>| handler.on_destroyed(d)
+        };
+        let built = Rundown::new(&dev.platform, on_destroyed, irql).and_then(|rundown| {
+            let core = CqCore {
+                cqn,
+                ring: res.ring,
+                dbr: res.doorbell_record,
+                arm_doorbell: res.arm_doorbell,
+                ci: AtomicU32::new(0),
+                events: AtomicU32::new(0),
+                polling: AtomicBool::new(false),
+                attached: SpinLock::new(Attached {
+                    qps: heapless::Vec::new(),
+                    depth: 0,
+                }),
+                polled: AtomicU64::new(0),
+                stray: AtomicU64::new(0),
+                malformed: AtomicU64::new(0),
+            };
+            let deliver = CqDeliver { handler, rundown };
+            DpcDrainer::new(
+                &dev.platform,
+                core,
+                deliver,
+                config.budget.unwrap_or(dev.config.cq_budget),
+                config.dpc_target,
+                irql,
+            )
+        });
+        let drainer = match built {
+            Ok(d) => d,
+            Err(e) => {
+                let _ = dev.hca.destroy_cq(cqn);
+                return Err(e.into());
+            }
+        };
+        *hook.drainer.lock(irql) = Some(Arc::downgrade(&drainer));
+        let shared = Arc::new(CqShared {
+            cqn,
+            entries,
+            drainer,
+            device: Arc::clone(dev),
+            destroyed: AtomicBool::new(false),
+        });
+        let target: Arc<dyn AsyncTarget> = shared.clone();
+        if let Err(e) = dev.register_target(TargetId::Cq(cqn), Arc::downgrade(&target), irql) {
+            let _ = dev.hca.destroy_cq(cqn);
+            return Err(e);
+        }
+        let cq = Cq { shared };
+        // Start armed: the first completion raises an event.
+        cq.drain_inline(Budget::UNLIMITED, irql);
+        Ok(cq)
+    }
+
+    /// Prepares an asynchronous create (see [`crate::slowpath`]); submit it
+    /// with [`Device::submit`] from any IRQL <= `DISPATCH_LEVEL`.
+    ///
+    /// # IRQL
+    ///
+    /// `PASSIVE_LEVEL` (it allocates the job).
+    pub fn prepare_create(
+        device: &Device<P>,
+        config: CqConfig,
+        handler: Arc<dyn CqHandler<C>>,
+        done: Callback<Result<Cq<P, C>, VerbsError>>,
+        _irql: &Passive<'_>,
+    ) -> Arc<CreateCqJob<P, C>> {
+        Arc::new(CreateCqJob {
+            device: device.clone(),
+            config,
+            handler,
+            result: SpinLock::new(None),
+            done,
+        })
+    }
+
+    /// The CQ number.
+    pub fn cqn(&self) -> u32 {
+        self.shared.cqn
+    }
+
+    /// CQEs the ring holds.
+    pub fn entries(&self) -> u32 {
+        self.shared.entries
+    }
+
+    /// Schedules a drain (as a completion event does).
+    ///
+    /// # IRQL
+    ///
+    /// Any.
+    pub fn notify(&self) {
+        self.shared.drainer.notify();
+    }
+
+    /// Drains on the caller's stack, raised to `DISPATCH_LEVEL`, up to
+    /// `budget` (what is left goes to the DPC); returns at once
+    /// ([`DrainOutcome::Busy`]) if a drain is running — from inside a
+    /// completion handler, say.
+    ///
+    /// # IRQL
+    ///
+    /// <= `DISPATCH_LEVEL`.
+    pub fn drain_inline(&self, budget: Budget, irql: &impl LeDispatch) -> DrainOutcome {
+        self.shared.drainer.drain_inline(budget, irql)
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> CqStats {
+        let core = self.shared.drainer.source();
+        CqStats {
+            polled: core.polled.load(Ordering::Relaxed),
+            events: u64::from(core.events.load(Ordering::Relaxed)),
+            stray_cqes: core.stray.load(Ordering::Relaxed),
+            malformed_cqes: core.malformed.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Destroys the CQ on the device; [`CqHandler::on_destroyed`] follows
+    /// in a DPC once no callback is running, and no callback runs after it.
+    ///
+    /// # Errors
+    ///
+    /// [`VerbsError::InUse`] while QPs are attached; [`VerbsError::Closed`]
+    /// if destroyed already.
+    ///
+    /// # IRQL
+    ///
+    /// `PASSIVE_LEVEL` only.
+    pub fn destroy(&self, irql: &Passive<'_>) -> Result<(), VerbsError> {
+        if !self
+            .shared
+            .drainer
+            .source()
+            .attached
+            .lock(irql)
+            .qps
+            .is_empty()
+        {
+            return Err(VerbsError::InUse);
+        }
+        if self.shared.destroyed.swap(true, Ordering::AcqRel) {
+            return Err(VerbsError::Closed);
+        }
+        let dev = &self.shared.device;
+        if let Err(e) = dev.hca.destroy_cq(self.shared.cqn) {
+            self.shared.destroyed.store(false, Ordering::Release);
+            return Err(e.into());
+        }
+        dev.unregister_target(TargetId::Cq(self.shared.cqn), irql);
+        let _ = self.shared.drainer.handler().rundown.destroy();
+        Ok(())
+    }
+
+    /// Prepares an asynchronous destroy (see [`crate::slowpath`]).
+    ///
+    /// # IRQL
+    ///
+    /// `PASSIVE_LEVEL` (it allocates the job).
+    pub fn prepare_destroy(
+        &self,
+        done: Callback<Result<(), VerbsError>>,
+        _irql: &Passive<'_>,
+    ) -> Arc<DestroyCqJob<P, C>> {
+        Arc::new(DestroyCqJob {
+            cq: self.clone(),
+            result: SpinLock::new(None),
+            done,
+        })
+    }
+
+    /// Attaches a QP's queues (`depth` CQEs) to this CQ.
+    pub(crate) fn attach(
+        &self,
+        qp: &Arc<QpShared<P, C>>,
+        depth: u32,
+        irql: &Passive<'_>,
+    ) -> Result<(), VerbsError> {
+        let mut attached = self.shared.drainer.source().attached.lock(irql);
+        let total = attached.depth.saturating_add(depth);
+        if total > self.shared.entries {
+            return Err(VerbsError::CqTooSmall);
+        }
+        if attached.qps.push(Arc::clone(qp)).is_err() {
+            return Err(VerbsError::TableFull);
+        }
+        attached.depth = total;
+        Ok(())
+    }
+
+    /// Detaches a QP; the `Arc` it held is dropped outside the lock.
+    pub(crate) fn detach(&self, qpn: u32, depth: u32, irql: &impl LeDispatch) {
+        let removed = {
+            let mut attached = self.shared.drainer.source().attached.lock(irql);
+            let at = attached.qps.iter().position(|q| q.qpn == qpn);
+            let removed = at.map(|i| attached.qps.swap_remove(i));
+            if removed.is_some() {
+                attached.depth = attached.depth.saturating_sub(depth);
+            }
+            removed
+        };
+        drop(removed);
+    }
+}
+
+/// A prepared asynchronous CQ create ([`Cq::prepare_create`]).
+pub struct CreateCqJob<P: Platform, C: Send + 'static> {
+    device: Device<P>,
+    config: CqConfig,
+    handler: Arc<dyn CqHandler<C>>,
+    result: ResultSlot<Cq<P, C>, P>,
+    done: Callback<Result<Cq<P, C>, VerbsError>>,
+}
+
+impl<P: Platform, C: Send + 'static> Job for CreateCqJob<P, C> {
+    fn run(&self, irql: &Passive<'_>) {
+        let r = Cq::create(&self.device, self.config, Arc::clone(&self.handler), irql);
+        *self.result.lock(irql) = Some(r);
+    }
+
+    fn complete(&self, cancelled: bool, irql: AnyIrql<'_, '_>) {
+        let r = take_result(&self.result, cancelled, &irql);
+        (self.done)(r, irql);
+    }
+}
+
+/// A prepared asynchronous CQ destroy ([`Cq::prepare_destroy`]).
+pub struct DestroyCqJob<P: Platform, C: Send + 'static> {
+    cq: Cq<P, C>,
+    result: ResultSlot<(), P>,
+    done: Callback<Result<(), VerbsError>>,
+}
+
+impl<P: Platform, C: Send + 'static> Job for DestroyCqJob<P, C> {
+    fn run(&self, irql: &Passive<'_>) {
+        let r = self.cq.destroy(irql);
+        *self.result.lock(irql) = Some(r);
+    }
+
+    fn complete(&self, cancelled: bool, irql: AnyIrql<'_, '_>) {
+        let r = take_result(&self.result, cancelled, &irql);
+        (self.done)(r, irql);
+    }
+}
