@@ -25,7 +25,9 @@
 //! * [`sync`]: the atomics facade (core or loom).
 //! * [`wire`]: the IBA transport headers and RoCEv2 framing.
 //! * `sim` (feature `sim`): the software HCA, its fabric (seeded fault
-//!   injection, device-thread and stepped execution) and a raw test kit.
+//!   injection, device-thread and stepped execution), its RoCEv2 Ethernet
+//!   link to the outside (`sim::link`: a datagram socket such as qemu's,
+//!   ARP, pcap capture) and a raw test kit.
 //!
 //! # Tests
 //!

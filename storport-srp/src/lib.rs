@@ -18,7 +18,9 @@
 
 extern crate alloc;
 
+pub mod miniport;
 #[cfg(feature = "nt")]
 pub mod nt;
 pub mod scsi;
+pub mod storport;
 pub mod wire;

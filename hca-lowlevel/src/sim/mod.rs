@@ -8,6 +8,9 @@
 //! * [`SoftHca`]: implements [`HcaDevice`]; control commands lock the world
 //!   (they "wait for firmware"), the data path is the rings it hands out.
 //! * [`testkit`]: raw WQE posting and CQE polling for this crate's tests.
+//! * [`link`]: the second kind of port link — RoCEv2 over raw Ethernet
+//!   frames on a datagram socket (qemu `-netdev dgram`, or an in-process
+//!   [`channel_pair`]), with ARP and optional pcap capture ([`pcap`]).
 //!
 //! Protection is stricter than lax hardware: PD, lkey/rkey (including a
 //! rotated key byte), access rights and bounds are checked on every access;
@@ -20,19 +23,23 @@
 //! returns. Timeouts use a virtual clock there, so they are deterministic.
 
 mod fault;
+pub mod link;
 mod mem;
+pub mod pcap;
 mod qp;
 mod resources;
 pub mod testkit;
 mod world;
 
 #[cfg(test)]
+mod link_tests;
+#[cfg(test)]
 mod tests;
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use crate::device::{
     AccessFlags, AsyncEventHandler, CqEventHandler, CqResources, DeviceAttr, Gid, HcaDevice,
@@ -42,10 +49,14 @@ use crate::device::{
 use crate::dma::{DmaAllocator, DmaBuffer};
 use crate::doorbell::{CqDoorbellRecord, DBR_LEN, QpDoorbellRecord};
 use crate::ring::{CqRing, MAX_RECV_STRIDE, RecvRing, SendRing};
-use crate::wire::Ipv4Address;
+use crate::wire::{EthernetAddress, Ipv4Address};
 use crate::wqe::{MAX_PAGE_SHIFT, MAX_REG_PAGES, MAX_SEND_SGE, MIN_PAGE_SHIFT, WQEBB_SIZE};
 
 pub use fault::FaultConfig;
+pub use link::{
+    ChannelSocket, FrameSocket, LinkConfig, LinkStats, channel_pair, roce_udp_src_port,
+    rxe_udp_src_port,
+};
 pub use mem::{PAGE_SIZE, PhysMemory, SimDmaAllocator};
 pub use qp::{GRH_LEN, QpStats};
 pub use resources::RESERVED_LKEY;
@@ -121,6 +132,7 @@ impl HcaConfig {
 pub struct Fabric {
     shared: Arc<Shared>,
     thread: Option<JoinHandle<()>>,
+    link_threads: Mutex<Vec<JoinHandle<()>>>,
 }
 
 impl Fabric {
@@ -142,7 +154,11 @@ impl Fabric {
                 h
             }
         };
-        Self { shared, thread }
+        Self {
+            shared,
+            thread,
+            link_threads: Mutex::new(Vec::new()),
+        }
     }
 
     /// A stepped fabric with seed 0.
@@ -154,14 +170,92 @@ impl Fabric {
     /// Adds an HCA (one port, active).
     #[must_use]
     pub fn add_hca(&self, config: HcaConfig) -> Arc<SoftHca> {
+        self.insert_hca(config, None)
+    }
+
+    /// Adds an HCA whose port is attached to an Ethernet link over `socket`
+    /// (see [`link`]) instead of the in-process fabric: everything it sends
+    /// leaves through the socket, everything it receives comes from it.
+    /// Its node GUID is the EUI-64 of the link's MAC (as rxe's), and its
+    /// active MTU the smaller of `config.mtu` and what fits the link
+    /// ([`LinkConfig::ib_mtu`]). In thread mode a reader thread serves the
+    /// socket; in stepped mode each engine pass polls it.
+    ///
+    /// # Errors
+    /// Creating the pcap file; [`std::io::ErrorKind::InvalidInput`] for a
+    /// multicast MAC, a non-unicast IP or an IP MTU too small for RoCE.
+    pub fn add_hca_on_link(
+        &self,
+        config: HcaConfig,
+        link: LinkConfig,
+        socket: Arc<dyn FrameSocket>,
+    ) -> std::io::Result<Arc<SoftHca>> {
+        let invalid = |what: &str| std::io::Error::new(std::io::ErrorKind::InvalidInput, what);
+        if !link.mac.is_unicast() {
+            return Err(invalid("link MAC must be unicast"));
+        }
+        if !Ipv4Address(config.ip).is_unicast() {
+            return Err(invalid("port IPv4 address must be unicast"));
+        }
+        let Some(link_mtu) = link.ib_mtu() else {
+            return Err(invalid("link IP MTU too small for RoCEv2"));
+        };
+        let inbox = match self.shared.mode {
+            ExecMode::Thread => Some(Arc::new(link::Inbox::default())),
+            ExecMode::Stepped => None,
+        };
+        let epoch_ns = match self.shared.mode {
+            // Real time: wall-clock timestamps in the capture.
+            ExecMode::Thread => SystemTime::now()
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(0))
+                .saturating_sub(self.shared.now()),
+            // Virtual time: the capture is as reproducible as the run.
+            ExecMode::Stepped => 0,
+        };
+        let eth = link::EthLink::new(
+            Ipv4Address(config.ip),
+            &link,
+            socket.clone(),
+            inbox.clone(),
+            epoch_ns,
+        )?;
+        let config = HcaConfig {
+            mtu: if config.mtu.bytes() <= link_mtu.bytes() {
+                config.mtu
+            } else {
+                link_mtu
+            },
+            ..config
+        };
+        let hca = self.insert_hca(config, Some(eth));
+        if let Some(inbox) = inbox {
+            let weak = Arc::downgrade(&self.shared);
+            let spawned = std::thread::Builder::new()
+                .name("soft-hca-link".into())
+                .spawn(move || link::reader_thread(&socket, &inbox, &weak))?;
+            self.link_threads
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push(spawned);
+        }
+        Ok(hca)
+    }
+
+    fn insert_hca(&self, config: HcaConfig, link: Option<link::EthLink>) -> Arc<SoftHca> {
         let mut w = self.shared.lock();
         let idx = w.hcas.len();
         let gid = Gid::from_ipv4(Ipv4Address(config.ip));
         let mem = PhysMemory::new(config.mem_limit);
+        let node_guid = match &link {
+            Some(l) => eui64(l.mac()),
+            None => 0x0200_00ff_fe00_0000 | u64::from(u32::from_be_bytes(config.ip)),
+        };
+        let on_fabric = link.is_none();
         w.hcas.push(Hca {
             gid,
             mem: mem.clone(),
-            node_guid: 0x0200_00ff_fe00_0000 | u64::from(u32::from_be_bytes(config.ip)),
+            node_guid,
             mtu: config.mtu,
             port_state: PortState::Active,
             pds: Default::default(),
@@ -174,8 +268,12 @@ impl Fabric {
             mrs: Default::default(),
             next_mkey_index: FIRST_MKEY_INDEX,
             async_handler: None,
+            link,
         });
-        w.gids.insert(gid, idx);
+        // A port on an Ethernet link is reachable only through its link.
+        if on_fabric {
+            w.gids.insert(gid, idx);
+        }
         self.shared.unlock(w);
         Arc::new(SoftHca {
             shared: self.shared.clone(),
@@ -183,6 +281,24 @@ impl Fabric {
             mem,
             gid,
         })
+    }
+
+    /// Counters of an HCA's Ethernet link (`None` for a fabric port).
+    #[must_use]
+    pub fn link_stats(&self, hca: &SoftHca) -> Option<LinkStats> {
+        let w = self.shared.lock();
+        w.hcas.get(hca.idx)?.link.as_ref().map(link::EthLink::stats)
+    }
+
+    /// The neighbours an HCA's link has resolved (its ARP cache).
+    #[must_use]
+    pub fn link_neighbors(&self, hca: &SoftHca) -> Vec<(Ipv4Address, EthernetAddress)> {
+        let w = self.shared.lock();
+        w.hcas
+            .get(hca.idx)
+            .and_then(|h| h.link.as_ref())
+            .map(link::EthLink::neighbors)
+            .unwrap_or_default()
     }
 
     /// Stepped mode: run the engine inside every doorbell write (as long as
@@ -293,7 +409,22 @@ impl Drop for Fabric {
             t.thread().unpark();
             let _ = t.join();
         }
+        let links = std::mem::take(
+            &mut *self
+                .link_threads
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner),
+        );
+        for t in links {
+            let _ = t.join();
+        }
     }
+}
+
+/// The modified EUI-64 of a MAC (`addrconf_addr_eui48`): rxe's node GUID.
+fn eui64(mac: EthernetAddress) -> u64 {
+    let [a, b, c, d, e, f] = mac.0;
+    u64::from_be_bytes([a ^ 0x02, b, c, 0xff, 0xfe, d, e, f])
 }
 
 fn device_thread(shared: &Shared) {
@@ -321,6 +452,13 @@ impl SoftHca {
     #[must_use]
     pub fn gid(&self) -> Gid {
         self.gid
+    }
+
+    /// The MAC of the port's Ethernet link (`None` on the in-process fabric).
+    #[must_use]
+    pub fn mac(&self) -> Option<EthernetAddress> {
+        let w = self.shared.lock();
+        w.hcas.get(self.idx)?.link.as_ref().map(link::EthLink::mac)
     }
 
     /// The host's physical memory (tests inspect it directly).

@@ -25,6 +25,7 @@ use crate::wqe::{
     SendOpcode, SendWqe, WQEBB_SIZE,
 };
 
+use super::link::{roce_udp_src_port, rxe_udp_src_port};
 use super::mem::{DeviceMem, PhysMemory};
 use super::resources::{Cq, KeyError, Mr, check_key, mr_read, mr_write};
 use super::world::{Event, Outbox, Shared};
@@ -306,6 +307,17 @@ impl Qp {
 
     fn mtu(&self) -> u32 {
         self.attr.path_mtu.bytes()
+    }
+
+    /// The UDP source port of this QP's packets, by rxe's rules: a
+    /// connected QP uses the flow label of its path (or the one computed
+    /// from both QPNs), a datagram QP the hash of its QPN.
+    fn udp_src_port(&self) -> u16 {
+        if self.qp_type == QpType::Rc {
+            roce_udp_src_port(self.attr.av.flow_label, self.qpn, self.attr.dest_qpn)
+        } else {
+            rxe_udp_src_port(self.qpn)
+        }
     }
 
     fn event(&self, ctx: &mut Ctx<'_>, ev: AsyncEvent) {
@@ -719,7 +731,7 @@ impl Qp {
             Gid(av.rgid),
             av.tclass,
             av.hop_limit,
-            self.qpn,
+            self.udp_src_port(),
             &pkt,
         );
         op.status = OpStatus::Done;
@@ -807,7 +819,7 @@ impl Qp {
                     .saturating_sub(u32::try_from(off).unwrap_or(u32::MAX)),
             });
             ctx.out
-                .send(ctx.local_gid, dgid, tclass, hop, self.qpn, &pkt);
+                .send(ctx.local_gid, dgid, tclass, hop, self.udp_src_port(), &pkt);
             sent += 1;
         } else {
             for k in k0..op.npkts {
@@ -854,7 +866,7 @@ impl Qp {
                     pkt.ieth = Some(IethRepr { rkey: op.imm });
                 }
                 ctx.out
-                    .send(ctx.local_gid, dgid, tclass, hop, self.qpn, &pkt);
+                    .send(ctx.local_gid, dgid, tclass, hop, self.udp_src_port(), &pkt);
                 sent += 1;
             }
         }
@@ -1638,7 +1650,7 @@ impl Qp {
             self.attr.av.dgid,
             self.attr.av.traffic_class,
             hop,
-            self.qpn,
+            self.udp_src_port(),
             &pkt,
         );
     }
@@ -1753,7 +1765,7 @@ impl Qp {
                         self.attr.av.dgid,
                         self.attr.av.traffic_class,
                         hop,
-                        self.qpn,
+                        self.udp_src_port(),
                         &pkt,
                     );
                     budget -= 1;

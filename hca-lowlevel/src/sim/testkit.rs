@@ -18,7 +18,7 @@ use crate::ring::{CqRing, RecvRing, RingError, SendRing};
 use crate::view::FormatError;
 use crate::wqe::{CtrlFlags, DataSegRepr, SendOpcode, SendWqeBuilder};
 
-use super::{Fabric, HcaConfig, PAGE_SIZE, SoftHca};
+use super::{Fabric, FrameSocket, HcaConfig, LinkConfig, PAGE_SIZE, SoftHca};
 
 /// Records every event it receives.
 #[derive(Default)]
@@ -372,7 +372,38 @@ impl Node {
         sq_wqebbs: u32,
         cq_entries: u32,
     ) -> Result<Self, HcaError> {
-        let hca = fabric.add_hca(cfg);
+        Self::on_hca(fabric.add_hca(cfg), ty, sq_wqebbs, cq_entries)
+    }
+
+    /// Builds a node whose port is on an Ethernet link over `socket` (see
+    /// [`Fabric::add_hca_on_link`]), with a QP of type `ty` (RESET state).
+    ///
+    /// # Errors
+    /// [`HcaError::InvalidOperation`] if the link cannot be set up (its
+    /// configuration or pcap file); else those of the control commands.
+    pub fn on_link(
+        fabric: &Fabric,
+        cfg: HcaConfig,
+        link: LinkConfig,
+        socket: Arc<dyn FrameSocket>,
+        ty: QpType,
+    ) -> Result<Self, HcaError> {
+        let hca = fabric
+            .add_hca_on_link(cfg, link, socket)
+            .map_err(|_| HcaError::InvalidOperation)?;
+        Self::on_hca(hca, ty, 64, 64)
+    }
+
+    /// Creates the PD, CQ and QP of a node on an existing HCA.
+    ///
+    /// # Errors
+    /// [`HcaError`] from the control commands.
+    pub fn on_hca(
+        hca: Arc<SoftHca>,
+        ty: QpType,
+        sq_wqebbs: u32,
+        cq_entries: u32,
+    ) -> Result<Self, HcaError> {
         let events = EventLog::new();
         hca.set_async_event_handler(Some(events.clone()));
         let pd = hca.alloc_pd()?;

@@ -18,6 +18,7 @@ use crate::device::{AsyncEvent, AsyncEventHandler, GSI_QPN, Gid, Mtu, PortState}
 use crate::wire::{EthernetAddress, IbPacketRepr, Ipv4Address, RoceV2FrameRepr, Transport};
 
 use super::fault::{FaultConfig, Faults};
+use super::link::{Delivery, EthLink};
 use super::mem::PhysMemory;
 use super::qp::{Ctx, Qp};
 use super::resources::{Cq, CqShared, Mr};
@@ -61,7 +62,7 @@ impl Outbox {
         dst: Gid,
         tos: u8,
         ttl: u8,
-        src_qpn: u32,
+        udp_src_port: u16,
         pkt: &IbPacketRepr<'_>,
     ) {
         let (Some(src_ip), Some(dst_ip)) = (src.to_ipv4(), dst.to_ipv4()) else {
@@ -77,7 +78,7 @@ impl Outbox {
             ttl,
             ident: 0,
             dont_fragment: true,
-            udp_src_port: 0xc000 | (src_qpn & 0x3fff) as u16,
+            udp_src_port,
             packet: *pkt,
         };
         let mut buf = vec![0u8; frame.buffer_len()];
@@ -135,6 +136,8 @@ pub(crate) struct Hca {
     pub mrs: BTreeMap<u32, Mr>,
     pub next_mkey_index: u32,
     pub async_handler: Option<Arc<dyn AsyncEventHandler>>,
+    /// The port's Ethernet link; `None` for a port on the in-process fabric.
+    pub link: Option<EthLink>,
 }
 
 impl Hca {
@@ -188,7 +191,12 @@ impl Hca {
     }
 
     fn next_deadline(&self) -> Option<u64> {
-        self.qps.values().filter_map(Qp::next_deadline).min()
+        let qps = self.qps.values().filter_map(Qp::next_deadline).min();
+        let link = self.link.as_ref().and_then(EthLink::next_deadline);
+        match (qps, link) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 }
 
@@ -239,6 +247,17 @@ impl World {
                     bytes: frame.clone(),
                 });
             }
+            if let Some(h) = self.hcas.get_mut(src) {
+                if let Some(link) = h.link.as_mut() {
+                    match dst_gid.to_ipv4() {
+                        Some(ip) if h.port_state == PortState::Active => {
+                            link.transmit(self.now, ip, frame);
+                        }
+                        _ => self.stats.dropped_unroutable += 1,
+                    }
+                    continue;
+                }
+            }
             let Some(&dst) = self.gids.get(&dst_gid) else {
                 self.stats.dropped_unroutable += 1;
                 continue;
@@ -264,24 +283,27 @@ impl World {
         }
     }
 
-    fn deliver(&mut self, dst: usize, frame: &[u8]) {
+    /// Parses a RoCEv2 frame (ICRC included) and hands it to the QP it
+    /// names on HCA `dst`; says what became of it.
+    fn deliver(&mut self, dst: usize, frame: &[u8]) -> Delivery {
         let parsed = match RoceV2FrameRepr::parse(frame) {
             Ok(p) => p,
             Err(e) => {
                 self.stats.dropped_malformed += 1;
                 if e == crate::wire::Error::BadIcrc {
                     self.stats.dropped_bad_icrc += 1;
+                    return Delivery::BadIcrc;
                 }
-                return;
+                return Delivery::Malformed;
             }
         };
         let now = self.now;
         let Some(hca) = self.hcas.get_mut(dst) else {
-            return;
+            return Delivery::Unroutable;
         };
         if hca.port_state != PortState::Active || parsed.dst_gid() != hca.gid {
             self.stats.dropped_unroutable += 1;
-            return;
+            return Delivery::Unroutable;
         }
         let pkt = parsed.packet;
         let mut qpn = pkt.bth.dest_qp.get();
@@ -290,7 +312,7 @@ impl World {
                 Some(q) if pkt.bth.opcode.transport() == Transport::Ud => qpn = q,
                 _ => {
                     self.stats.dropped_unroutable += 1;
-                    return;
+                    return Delivery::Unroutable;
                 }
             }
         }
@@ -303,10 +325,41 @@ impl World {
             .is_none()
         {
             self.stats.dropped_unroutable += 1;
-            return;
+            return Delivery::Unroutable;
         }
         self.stats.frames_delivered += 1;
         self.absorb(dst, out);
+        Delivery::Delivered
+    }
+
+    /// The link work of HCA `i`: ARP timers, then every frame that arrived
+    /// (ARP answered inside the link, RoCEv2 delivered here), then the
+    /// capture flushed. Returns whether anything happened.
+    fn link_pass(&mut self, i: usize) -> bool {
+        let now = self.now;
+        let Some(link) = self.hcas.get_mut(i).and_then(|h| h.link.as_mut()) else {
+            return false;
+        };
+        let mut progress = link.on_timer(now);
+        let received = link.take_received();
+        progress |= !received.is_empty();
+        for frame in received {
+            let roce = self
+                .hcas
+                .get_mut(i)
+                .and_then(|h| h.link.as_mut())
+                .is_some_and(|l| l.receive(now, &frame));
+            if roce {
+                let outcome = self.deliver(i, &frame);
+                if let Some(l) = self.hcas.get_mut(i).and_then(|h| h.link.as_mut()) {
+                    l.delivered(outcome);
+                }
+            }
+        }
+        if let Some(l) = self.hcas.get_mut(i).and_then(|h| h.link.as_mut()) {
+            l.flush_capture();
+        }
+        progress
     }
 
     /// One pass: run every QP's send side and timers, then deliver every
@@ -326,6 +379,9 @@ impl World {
             };
             self.deliver(f.dst, &f.frame);
             progress = true;
+        }
+        for i in 0..self.hcas.len() {
+            progress |= self.link_pass(i);
         }
         progress
     }

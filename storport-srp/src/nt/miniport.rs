@@ -42,14 +42,8 @@ use core::ffi::CStr;
 use core::mem::{MaybeUninit, size_of};
 use core::sync::atomic::{AtomicU8, Ordering};
 
-/// What `build_io` decided.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BuildIo {
-    /// Hand the request on to `start_io`.
-    Proceed,
-    /// The request is finished (its status set); complete it now.
-    Complete,
-}
+// The vocabulary the core's `HwMiniport` trait shares with this shim.
+pub use crate::storport::{AdapterLimits, BuildIo, FindAdapterError};
 
 /// What `start_io` did with a request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,35 +52,6 @@ pub enum StartIo {
     Complete,
     /// Accepted; the core completes it later (from its completion DPC).
     Pending,
-}
-
-/// Why `find_adapter` declined the adapter.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FindAdapterError {
-    /// Resources for the adapter could not be had (`SP_RETURN_ERROR`).
-    Resources,
-    /// The configuration is unusable (`SP_RETURN_BAD_CONFIG`).
-    BadConfig,
-}
-
-/// The adapter limits a miniport reports from `find_adapter`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct AdapterLimits {
-    /// SCSI buses (`NumberOfBuses`); the SRP/iSER initiator uses one.
-    pub buses: u8,
-    /// Target IDs per bus StorPort enumerates.
-    pub targets_per_bus: u8,
-    /// LUNs per target StorPort enumerates.
-    pub luns_per_target: u8,
-    /// Largest single transfer, bytes.
-    pub max_transfer_bytes: u32,
-    /// Largest scatter/gather list, elements minus one (StorPort's
-    /// `NumberOfPhysicalBreaks`).
-    pub physical_breaks: u32,
-    /// Outstanding requests per adapter.
-    pub max_io: u32,
-    /// Outstanding requests per LUN.
-    pub max_io_per_lun: u32,
 }
 
 /// What `find_adapter` is given.

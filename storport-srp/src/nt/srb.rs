@@ -17,16 +17,8 @@ use core::marker::PhantomData;
 use core::mem::{offset_of, size_of};
 use core::ptr::{NonNull, addr_of, addr_of_mut};
 
-/// Bus (path), target and LUN of a request: StorPort's BTL8 addressing.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Address {
-    /// SCSI bus (StorPort's `PathId`).
-    pub path: u8,
-    /// Target on that bus.
-    pub target: u8,
-    /// Logical unit of that target.
-    pub lun: u8,
-}
+/// Bus (path), target and LUN: the same type the miniport core uses.
+pub use crate::storport::Address;
 
 /// Why a request block was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
