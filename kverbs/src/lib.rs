@@ -36,6 +36,7 @@
 
 extern crate alloc;
 
+pub mod cm;
 pub mod cq;
 pub mod device;
 pub mod drain;
