@@ -317,7 +317,11 @@ struct Slot {
     remote_ca_guid: u64,
     local_qpn: Qpn,
     remote_qpn: Qpn,
+    /// The starting PSN this side advertised (REQ or REP): as Linux's CM
+    /// uses it, the PSN this side's receive queue expects first.
     local_psn: Psn,
+    /// The starting PSN the peer advertised: where this side's send queue
+    /// starts.
     remote_psn: Psn,
     /// The TID of the REQ; REP, RTU, MRA and REJ of the setup reuse it.
     req_tid: u64,
@@ -606,7 +610,10 @@ impl Slot {
     fn rtr_attrs(&self) -> RtrAttrs {
         RtrAttrs {
             dest_qpn: self.remote_qpn,
-            rq_psn: self.remote_psn,
+            // Linux's CM (ib_send_cm_req / cm_req_handler / cm_rep_handler)
+            // advertises in REQ and REP the PSN each side *expects*; the peer
+            // sends from it. rxe treats anything else as duplicates.
+            rq_psn: self.local_psn,
             path_mtu: self.path_mtu,
             max_dest_rd_atomic: self.params.responder_resources,
             min_rnr_timer: self.params.min_rnr_timer,
@@ -623,7 +630,7 @@ impl Slot {
 
     fn rts_attrs(&self) -> RtsAttrs {
         RtsAttrs {
-            sq_psn: self.local_psn,
+            sq_psn: self.remote_psn,
             timeout: self.path.local_ack_timeout,
             retry_cnt: self.retry_count,
             rnr_retry: self.peer_rnr_retry,

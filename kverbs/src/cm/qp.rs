@@ -11,9 +11,11 @@
 //! * either side, on disconnect or a failed setup past INIT:
 //!   [`QpModify::ToError`], which flushes every outstanding work request.
 //!
-//! PSNs follow what Linux does (and what `rdma_rxe` checks): each side
-//! *sends* from the starting PSN it advertised itself and *expects* the
-//! starting PSN the peer advertised.
+//! PSNs follow what Linux does (and what `rdma_rxe` checks): the starting
+//! PSN a side advertises in its REQ or REP is the PSN its own receive queue
+//! *expects*; each side *sends* from the starting PSN the peer advertised
+//! (`ib_send_cm_req` sets `rq_psn` from the REQ; the passive side sends from
+//! it). Confirmed on the wire against Linux 6.1 `rdma_rxe`.
 //!
 //! # IRQL
 //!
@@ -30,7 +32,8 @@ use crate::wire::{IbTimeout, PathMtu};
 pub struct RtrAttrs {
     /// The peer's QP.
     pub dest_qpn: Qpn,
-    /// The first PSN the receive queue expects: the peer's starting PSN.
+    /// The first PSN the receive queue expects: this side's advertised
+    /// starting PSN.
     pub rq_psn: Psn,
     /// The path MTU.
     pub path_mtu: PathMtu,
@@ -45,7 +48,7 @@ pub struct RtrAttrs {
 /// RTR → RTS: how to send.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct RtsAttrs {
-    /// The first PSN sent: this side's advertised starting PSN.
+    /// The first PSN sent: the peer's advertised starting PSN.
     pub sq_psn: Psn,
     /// The local ACK timeout (4.096 µs × 2^exponent).
     pub timeout: IbTimeout,

@@ -524,8 +524,9 @@ fn connect_accept_establish_with_linux_psn_rules() {
     assert_eq!(log, ["A -> REQ", "B <- REP", "A -> RTU"]);
 
     // The QP programming: B goes to RTR before its REP, RTS after the RTU;
-    // A goes to RTR and RTS on the REP. Each side sends from its own
-    // starting PSN and expects the peer's; READ limits are swapped.
+    // A goes to RTR and RTS on the REP. As in Linux's CM, each side expects
+    // the starting PSN it advertised and sends from the peer's; READ limits
+    // are swapped.
     let b_qp: Vec<_> = net.sides[B]
         .rec
         .qp_log
@@ -537,8 +538,8 @@ fn connect_accept_establish_with_linux_psn_rules() {
     };
     assert_eq!((q1, q2), (qpn(0x200), qpn(0x200)));
     assert_eq!(b_rtr.dest_qpn, qpn(0x100));
-    assert_eq!(b_rtr.rq_psn, psn(0x1234), "B expects A's starting PSN");
-    assert_eq!(b_rts.sq_psn, psn(0x5678), "B sends from its own");
+    assert_eq!(b_rtr.rq_psn, psn(0x5678), "B expects its own starting PSN");
+    assert_eq!(b_rts.sq_psn, psn(0x1234), "B sends from A's");
     assert_eq!(b_rtr.path_mtu, PathMtu::Mtu1024);
     assert_eq!(b_rtr.av.dgid, Gid::from_ipv4(IP_A));
     assert_eq!(b_rtr.av.hop_limit, 64);
@@ -561,8 +562,8 @@ fn connect_accept_establish_with_linux_psn_rules() {
     };
     assert_eq!(q, qpn(0x100));
     assert_eq!(a_rtr.dest_qpn, qpn(0x200));
-    assert_eq!(a_rtr.rq_psn, psn(0x5678), "A expects B's starting PSN");
-    assert_eq!(a_rts.sq_psn, psn(0x1234), "A sends from its own");
+    assert_eq!(a_rtr.rq_psn, psn(0x1234), "A expects its own starting PSN");
+    assert_eq!(a_rts.sq_psn, psn(0x5678), "A sends from B's");
     assert_eq!(a_rtr.av.dgid, Gid::from_ipv4(IP_B));
     // A's initiator depth: B's responder resources (4); A's responder
     // resources: B's initiator depth (2).

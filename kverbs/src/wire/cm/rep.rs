@@ -98,7 +98,8 @@ impl<T: AsRef<[u8]>> CmRep<T> {
         Eecn::from_low_bits(bytes::read_be24(self.buf(), field::LOCAL_EECN))
     }
 
-    /// Starting PSN of the responder's send queue.
+    /// Starting PSN. As Linux uses it: the PSN the REP sender's receive queue
+    /// expects; the active side sends from it.
     pub fn starting_psn(&self) -> Psn {
         Psn::from_low_bits(bytes::read_be24(self.buf(), field::STARTING_PSN))
     }
@@ -256,8 +257,8 @@ pub struct CmRepRepr<'a> {
     pub vendor_id: u32,
     /// Local EE context (RD).
     pub local_eecn: Eecn,
-    /// Starting PSN of the responder's send queue (the requester's receive
-    /// queue expects it).
+    /// Starting PSN. As Linux uses it: the PSN the REP sender's receive queue
+    /// expects; the active side sends from it.
     pub starting_psn: Psn,
     /// RDMA READ/atomic requests the responder accepts.
     pub responder_resources: u8,

@@ -158,7 +158,9 @@ impl<T: AsRef<[u8]>> CmReq<T> {
         get_bits(self.buf(), field::BYTE_43, E2E_FLOW_CONTROL) != 0
     }
 
-    /// Starting PSN (of the sender's send queue).
+    /// Starting PSN. Linux's CM (and so every Linux target) treats it as the
+    /// PSN the REQ sender's *receive* queue expects: the passive side sends
+    /// from it.
     pub fn starting_psn(&self) -> Psn {
         Psn::from_low_bits(bytes::read_be24(self.buf(), field::STARTING_PSN))
     }
@@ -415,8 +417,8 @@ pub struct CmReqRepr<'a> {
     pub transport_service_type: TransportServiceType,
     /// End-to-end flow control.
     pub end_to_end_flow_control: bool,
-    /// Starting PSN of the requester's send queue (the responder's receive
-    /// queue expects it).
+    /// Starting PSN: as Linux's CM uses it, the PSN the requester's receive
+    /// queue expects (the responder's send queue starts there).
     pub starting_psn: Psn,
     /// How long the responder should wait for the requester's CM replies.
     pub local_cm_response_timeout: IbTimeout,
