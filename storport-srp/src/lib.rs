@@ -22,5 +22,6 @@ pub mod miniport;
 #[cfg(feature = "nt")]
 pub mod nt;
 pub mod scsi;
+pub mod srp;
 pub mod storport;
 pub mod wire;

@@ -1,0 +1,3 @@
+//! The SRP initiator engine (placeholder docs; filled in below).
+
+pub mod params;
