@@ -397,7 +397,11 @@ impl fmt::Display for TargetParams {
     /// that differs from what [`parse_add_target`] would assume, so
     /// parsing the output gives back the same value.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "id_ext={:016x},ioc_guid={:016x}", self.id_ext, self.ioc_guid)?;
+        write!(
+            f,
+            "id_ext={:016x},ioc_guid={:016x}",
+            self.id_ext, self.ioc_guid
+        )?;
         match self.addressing {
             Addressing::IbCm {
                 dgid,
@@ -534,8 +538,8 @@ fn apply(seen: &mut Seen, key: Key, value: &[u8]) -> Result<(), ParamError> {
         Key::InitiatorExt => seen.initiator_ext = hex_u64(key, value)?,
         Key::Dgid => seen.dgid = gid(key, value)?,
         Key::Pkey => {
-            seen.pkey = u16::try_from(hex_u64(key, value)?)
-                .map_err(|_| ParamError::OutOfRange { key })?;
+            seen.pkey =
+                u16::try_from(hex_u64(key, value)?).map_err(|_| ParamError::OutOfRange { key })?;
         }
         Key::IoClass => {
             seen.io_class = match hex_u64(key, value)? {
@@ -601,7 +605,13 @@ fn finish(seen: &Seen) -> Result<TargetParams, ParamError> {
     let required: &[Key] = if rdma {
         &[Key::IdExt, Key::IocGuid, Key::Dest]
     } else if IB.iter().any(|k| seen.has(*k)) {
-        &[Key::IdExt, Key::IocGuid, Key::Dgid, Key::Pkey, Key::ServiceId]
+        &[
+            Key::IdExt,
+            Key::IocGuid,
+            Key::Dgid,
+            Key::Pkey,
+            Key::ServiceId,
+        ]
     } else {
         // Neither form started: name the key both forms share first.
         &[Key::IdExt, Key::IocGuid, Key::Dest]
@@ -765,9 +775,7 @@ fn ipv4_port(key: Key, value: &[u8], need_port: bool) -> Result<([u8; 4], u16), 
             if p.is_empty() || p.len() > 5 || !p.iter().all(u8::is_ascii_digit) {
                 return Err(ParamError::BadAddress { key });
             }
-            let n = p
-                .iter()
-                .fold(0u32, |acc, b| acc * 10 + u32::from(b - b'0'));
+            let n = p.iter().fold(0u32, |acc, b| acc * 10 + u32::from(b - b'0'));
             u16::try_from(n)
                 .ok()
                 .filter(|n| *n != 0)
@@ -844,7 +852,9 @@ pub enum TmoError {
 impl fmt::Display for TmoError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Self::AllOff => f.write_str("reconnect_delay, fast_io_fail_tmo and dev_loss_tmo all off"),
+            Self::AllOff => {
+                f.write_str("reconnect_delay, fast_io_fail_tmo and dev_loss_tmo all off")
+            }
             Self::ReconnectDelayZero => f.write_str("reconnect_delay is 0"),
             Self::FastIoFailTooLong => f.write_str("fast_io_fail_tmo above 600 s"),
             Self::DevLossTooLongWithoutFastIoFail => {

@@ -75,10 +75,13 @@ fn rdma_cm_form() {
             ..
         }
     ));
-    assert_eq!(p, TargetParams {
-        addressing: p.addressing,
-        ..TargetParams::rdma_cm(1, 2, [192, 0, 2, 10], 5555)
-    });
+    assert_eq!(
+        p,
+        TargetParams {
+            addressing: p.addressing,
+            ..TargetParams::rdma_cm(1, 2, [192, 0, 2, 10], 5555)
+        }
+    );
 }
 
 #[test]
@@ -180,19 +183,29 @@ fn hex_values() {
         assert!(s("ffffffffffffffff").is_ok(), "{key}");
         assert!(s("0X00000000000000000001").is_ok(), "{key}: leading zeros");
     }
-    let ib = |pkey: &str| {
-        parse(&IB.replace("pkey=ffff", &format!("pkey={pkey}")))
-    };
+    let ib = |pkey: &str| parse(&IB.replace("pkey=ffff", &format!("pkey={pkey}")));
     assert_eq!(ib("10000"), Err(ParamError::OutOfRange { key: Key::Pkey }));
     assert_eq!(ib("xyz"), Err(ParamError::BadNumber { key: Key::Pkey }));
     assert!(matches!(
         ib("0x7fff").unwrap().addressing,
         Addressing::IbCm { pkey: 0x7fff, .. }
     ));
-    let sid = |v: &str| parse(&IB.replace("service_id=0002c90200402bd4", &format!("service_id={v}")));
-    assert_eq!(sid("q"), Err(ParamError::BadNumber { key: Key::ServiceId }));
-    assert_eq!(with("io_class=ff01"), Err(ParamError::OutOfRange { key: Key::IoClass }));
-    assert_eq!(with("io_class=zz"), Err(ParamError::BadNumber { key: Key::IoClass }));
+    let sid =
+        |v: &str| parse(&IB.replace("service_id=0002c90200402bd4", &format!("service_id={v}")));
+    assert_eq!(
+        sid("q"),
+        Err(ParamError::BadNumber {
+            key: Key::ServiceId
+        })
+    );
+    assert_eq!(
+        with("io_class=ff01"),
+        Err(ParamError::OutOfRange { key: Key::IoClass })
+    );
+    assert_eq!(
+        with("io_class=zz"),
+        Err(ParamError::BadNumber { key: Key::IoClass })
+    );
 }
 
 #[test]
@@ -233,7 +246,7 @@ fn decimal_ranges() {
         let at = |v: u64| with(&format!("{name}={v}"));
         assert!(at(min).is_ok(), "{name}={min}");
         assert!(at(max).is_ok(), "{name}={max}");
-        if min > 0 && !(name == "max_it_iu_size") {
+        if min > 0 && name != "max_it_iu_size" {
             assert_eq!(at(min - 1), Err(ParamError::OutOfRange { key }), "{name}");
         }
         assert_eq!(at(max + 1), Err(ParamError::OutOfRange { key }), "{name}");
@@ -481,8 +494,15 @@ fn timeout_parsing() {
         Timeouts::parse(b"-0", b"15", b"600"),
         Err(TmoError::ReconnectDelayZero)
     );
-    assert_eq!(Timeouts::parse(b"off", b"off", b"off"), Err(TmoError::AllOff));
-    assert!(TmoError::BadValue("dev_loss_tmo").to_string().contains("dev_loss_tmo"));
+    assert_eq!(
+        Timeouts::parse(b"off", b"off", b"off"),
+        Err(TmoError::AllOff)
+    );
+    assert!(
+        TmoError::BadValue("dev_loss_tmo")
+            .to_string()
+            .contains("dev_loss_tmo")
+    );
 }
 
 // ---- properties -------------------------------------------------------------
@@ -553,7 +573,11 @@ fn arb_params() -> impl Strategy<Value = TargetParams> {
                 initiator_ext,
                 target_can_queue,
                 allow_ext_sg,
-                io_class: if rev10 { IoClass::Rev10 } else { IoClass::Rev16a },
+                io_class: if rev10 {
+                    IoClass::Rev10
+                } else {
+                    IoClass::Rev16a
+                },
             },
         )
 }
