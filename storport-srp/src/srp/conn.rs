@@ -253,10 +253,11 @@ impl<P: Platform> Conn<P> {
             let _ = pd.dealloc(irql);
         };
         let layout = shape.layout;
-        let cq_entries = shape
-            .send_wqebbs
-            .saturating_add(layout.rx_count)
-            .saturating_add(4);
+        // Every send WQEBB and receive slot (one more each for the drain
+        // markers, rounded up to the device's powers of two) may hold a
+        // completion.
+        let pow2 = |n: u32| n.saturating_add(1).checked_next_power_of_two().unwrap_or(u32::MAX);
+        let cq_entries = pow2(shape.send_wqebbs).saturating_add(pow2(layout.rx_count));
         let cq = match Cq::create(
             device,
             CqConfig {
