@@ -104,6 +104,11 @@ pub struct TargetSetup {
     /// Attach over IB CM (the `dgid`/`service_id` form) instead of
     /// RDMA/CM.
     pub ib_cm: bool,
+    /// Misbehaviour switches armed before the initiator logs in.
+    pub misbehave: Vec<srp_target::Misbehaviour>,
+    /// Attach to this RDMA/CM port instead of the one the target listens
+    /// on (a target that is not there).
+    pub dest_port: Option<u16>,
 }
 
 impl TargetSetup {
@@ -119,6 +124,8 @@ impl TargetSetup {
             },
             keys: String::new(),
             ib_cm: false,
+            misbehave: Vec::new(),
+            dest_port: None,
         }
     }
 
@@ -283,6 +290,9 @@ impl Stack {
             }
             let srp = SrpTarget::start_on_hca(&platform, hca.clone(), tconfig, p)
                 .map_err(|e| err("SRP target", &e))?;
+            for m in &setup.misbehave {
+                srp.set_misbehaviour(m.clone(), p);
+            }
             let guid = srp.service_guid();
             let [a, b, c, d] = target_ip(i);
             let mut add_target = if setup.ib_cm {
@@ -292,7 +302,9 @@ impl Stack {
                     "id_ext={guid:016x},ioc_guid={guid:016x},dgid={gid},pkey=ffff,service_id={sid:016x}"
                 )
             } else {
-                let port = srp.rdma_cm_port().unwrap_or(5555);
+                let port = setup
+                    .dest_port
+                    .unwrap_or_else(|| srp.rdma_cm_port().unwrap_or(5555));
                 format!("id_ext={guid:016x},ioc_guid={guid:016x},dest={a}.{b}.{c}.{d}:{port}")
             };
             if !setup.keys.is_empty() {
@@ -388,9 +400,7 @@ impl Stack {
     /// A target's counters (engine side).
     #[must_use]
     pub fn stats(&self, target: u8, p: &Passive<'_>) -> TargetStats {
-        self.transport()
-            .target_stats(target, p)
-            .unwrap_or_default()
+        self.transport().target_stats(target, p).unwrap_or_default()
     }
 
     /// The target's state as the core sees it.
@@ -481,7 +491,13 @@ impl Stack {
     ///
     /// # Panics
     /// If one has not completed within `timeout`.
-    pub fn wait(&self, ids: &[u32], timeout: Duration, tick: Option<Duration>, p: &Passive<'_>) -> Vec<RequestOutcome> {
+    pub fn wait(
+        &self,
+        ids: &[u32],
+        timeout: Duration,
+        tick: Option<Duration>,
+        p: &Passive<'_>,
+    ) -> Vec<RequestOutcome> {
         let start = Instant::now();
         loop {
             if ids.iter().all(|id| self.done(*id)) {
@@ -503,7 +519,11 @@ impl Stack {
             std::thread::sleep(Duration::from_millis(1));
         }
         ids.iter()
-            .map(|id| self.model.outcome(*id).unwrap_or_else(|| panic!("no request {id}")))
+            .map(|id| {
+                self.model
+                    .outcome(*id)
+                    .unwrap_or_else(|| panic!("no request {id}"))
+            })
             .collect()
     }
 
@@ -527,7 +547,12 @@ impl Stack {
         let id = self.submit(&spec, p);
         let out = self.wait(&[id], Duration::from_secs(30), None, p);
         let data = self.model.data(id).unwrap_or_default();
-        (out.into_iter().next().unwrap_or_else(|| panic!("no outcome")), data)
+        (
+            out.into_iter()
+                .next()
+                .unwrap_or_else(|| panic!("no outcome")),
+            data,
+        )
     }
 
     /// A WRITE of `data` at `lba`, buffer shaped `shape`; waits.
@@ -631,13 +656,20 @@ impl Stack {
                 in_flight.insert(id, next);
                 next += 1;
             }
-            let finished: Vec<u32> = in_flight.keys().copied().filter(|id| self.done(*id)).collect();
+            let finished: Vec<u32> = in_flight
+                .keys()
+                .copied()
+                .filter(|id| self.done(*id))
+                .collect();
             for id in finished {
                 let Some(index) = in_flight.remove(&id) else {
                     continue;
                 };
                 let Some(io) = ios.get(index) else { continue };
-                let outcome = self.model.outcome(id).unwrap_or_else(|| panic!("no request {id}"));
+                let outcome = self
+                    .model
+                    .outcome(id)
+                    .unwrap_or_else(|| panic!("no request {id}"));
                 let data = self.model.data(id).unwrap_or_default();
                 let done = IoDone { id, outcome, data };
                 if done.outcome.status.base() == SrbStatus::SUCCESS {
@@ -728,7 +760,11 @@ impl Stack {
             let quiet = self.wait_until(Duration::from_secs(30), || {
                 self.cm.pending_consumers(p) == (0, 0) && self.cm.connections_in_use(p) == 0
             });
-            assert!(quiet, "CM consumers left: {:?}", self.cm.pending_consumers(p));
+            assert!(
+                quiet,
+                "CM consumers left: {:?}",
+                self.cm.pending_consumers(p)
+            );
             let released = self.wait_until(Duration::from_secs(30), || match self.cm.release(p) {
                 Ok(()) => true,
                 Err(CmError::Busy) => false,
@@ -848,7 +884,9 @@ impl Workload {
                 let min_blocks = (min_bytes / block_len).max(1);
                 let max_blocks = (max_bytes / block_len).max(min_blocks);
                 let blocks = self.rng.u32(min_blocks..=max_blocks);
-                let lba = self.rng.u64(0..=blocks_total.saturating_sub(u64::from(blocks)));
+                let lba = self
+                    .rng
+                    .u64(0..=blocks_total.saturating_sub(u64::from(blocks)));
                 let op = if self.rng.f64() < read_ratio {
                     Op::Read
                 } else {

@@ -31,7 +31,17 @@ fn sizes_and_shapes_at_depth_one() {
     };
     Stack::run(&config, |s, p| {
         let mut w = Workload::new(11);
-        let sizes = [512u32, 1024, 4096, 4608, 8192, 65536, 65536 + 512, 262_144, 1 << 20];
+        let sizes = [
+            512u32,
+            1024,
+            4096,
+            4608,
+            8192,
+            65536,
+            65536 + 512,
+            262_144,
+            1 << 20,
+        ];
         let shapes = [
             SgShape::Contiguous,
             SgShape::Pages,
@@ -71,7 +81,10 @@ fn sizes_and_shapes_at_depth_one() {
             }
         }
         let st = s.stats(0, p);
-        assert!(st.immediate_writes > 0, "small writes went as immediate data");
+        assert!(
+            st.immediate_writes > 0,
+            "small writes went as immediate data"
+        );
         assert!(st.direct_commands > 0 && st.indirect_commands > 0, "{st:?}");
     });
 }
@@ -93,7 +106,12 @@ fn four_kib_blocks_and_large_cdbs() {
         assert_eq!(o.status.base(), SrbStatus::ERROR, "{o:?}");
         assert!(o.status.autosense_valid(), "{o:?}");
         assert_eq!(o.scsi_status, 0x02);
-        assert_eq!(o.sense.get(12), Some(&0x21), "LBA out of range: {:?}", o.sense);
+        assert_eq!(
+            o.sense.get(12),
+            Some(&0x21),
+            "LBA out of range: {:?}",
+            o.sense
+        );
     });
 }
 
@@ -103,7 +121,16 @@ fn mix(stack_config: &StackConfig, seed: u64, n: usize, depth: usize, max_bytes:
         let targets = u8::try_from(s.targets.len()).unwrap();
         let mut ios = Vec::new();
         for t in 0..targets {
-            ios.extend(w.ios(n / usize::from(targets), t, 0, 512, 32768, 512, max_bytes, 0.5));
+            ios.extend(w.ios(
+                n / usize::from(targets),
+                t,
+                0,
+                512,
+                32768,
+                512,
+                max_bytes,
+                0.5,
+            ));
         }
         // Interleave the targets.
         ios.sort_by_key(|io| (io.lba % 7, io.target));
@@ -170,6 +197,12 @@ fn immediate_data_off_and_two_targets() {
         let o = s.write(1, 0, 10, &data, SgShape::Contiguous, p);
         assert_eq!(o.status.base(), SrbStatus::SUCCESS);
         assert_eq!(s.stats(1, p).immediate_writes, 0, "immediate data off");
-        assert!(s.transport().negotiated(1, 0, p).unwrap().immediate.is_none());
+        assert!(
+            s.transport()
+                .negotiated(1, 0, p)
+                .unwrap()
+                .immediate
+                .is_none()
+        );
     });
 }

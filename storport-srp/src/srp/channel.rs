@@ -64,9 +64,7 @@ use kverbs::wr::{Completion, FastReg, Payload, SendWr, Signal, WcStatus};
 
 use super::conn::{Conn, Phase, WrCtx};
 use super::credits::Credits;
-use super::engine::{
-    Engine, RSP_IUS, SENSE_MAX, Sizing, TMF_SLOTS, Target, bump, now_ns,
-};
+use super::engine::{Engine, RSP_IUS, SENSE_MAX, Sizing, TMF_SLOTS, Target, bump, now_ns};
 use super::login::{self, LoginFailure, Negotiated};
 use super::mapping::{self, PAGE_SHIFT, Plan, Run};
 use super::recovery::Cause;
@@ -78,7 +76,7 @@ use crate::miniport::transport::{
 use crate::storport::{DataDirection, QueueAction};
 use crate::wire::Lun;
 use crate::wire::srp::{
-    AerRspRepr, AerRsp, BufFormats, Cmd, CmdRepr, CredRsp, CredRspRepr, DataIn, DataOut,
+    AerRsp, AerRspRepr, BufFormats, Cmd, CmdRepr, CredRsp, CredRspRepr, DataIn, DataOut,
     DirectDesc, IndirectDesc, Opcode, RspRepr, SolNot, SrpIu, TaskAttr, TaskMgmtFunction,
     TmResponse, TskMgmt, TskMgmtRepr, cmd, desc,
 };
@@ -402,10 +400,7 @@ impl<P: Platform> TmfSlot<P> {
     /// If the TMF is done, frees the slot and returns the core's tag and
     /// the response.
     fn take_finished(&mut self) -> Option<(Tag, TmfResponse)> {
-        if self.phase != TmfPhase::Sent
-            || !self.send_done
-            || !self.marking_done
-            || self.waiting > 0
+        if self.phase != TmfPhase::Sent || !self.send_done || !self.marking_done || self.waiting > 0
         {
             return None;
         }
@@ -453,7 +448,9 @@ impl<P: Platform> Channel<P> {
             slots: (0..slots)
                 .map(|_| SpinLock::new(CmdSlot::new(sizing)))
                 .collect(),
-            tmfs: (0..TMF_SLOTS).map(|_| SpinLock::new(TmfSlot::new())).collect(),
+            tmfs: (0..TMF_SLOTS)
+                .map(|_| SpinLock::new(TmfSlot::new()))
+                .collect(),
             core_tags: (0..slots).map(|_| AtomicU64::new(0)).collect(),
         }
     }
@@ -472,7 +469,8 @@ impl<P: Platform> Channel<P> {
     /// Nothing outstanding (every slot free).
     pub(crate) fn is_idle(&self, irql: &impl LeDispatch) -> bool {
         let st = self.state.lock(irql);
-        st.free.available() == st.free.capacity() && st.tmf_free.available() == st.tmf_free.capacity()
+        st.free.available() == st.free.capacity()
+            && st.tmf_free.available() == st.tmf_free.capacity()
     }
 
     fn find_core(&self, core: Tag) -> Option<usize> {
@@ -643,7 +641,10 @@ impl<P: Platform> Engine<P> {
             return Err(undo(e));
         }
         if let Some(tag) = ch.core_tags.get(usize::from(index)) {
-            tag.store(CORE_TAG_VALID | u64::from(command.tag.raw()), Ordering::Release);
+            tag.store(
+                CORE_TAG_VALID | u64::from(command.tag.raw()),
+                Ordering::Release,
+            );
         }
         Ok(SrpPrepared {
             target: t.index,
@@ -691,7 +692,11 @@ impl<P: Platform> Engine<P> {
         if s.direction == DataDirection::Unspecified {
             return Err(Refusal::Failed(FailureKind::Unsupported));
         }
-        let add_cdb = command.cdb.len().saturating_sub(cmd::CDB_LEN).next_multiple_of(4);
+        let add_cdb = command
+            .cdb
+            .len()
+            .saturating_sub(cmd::CDB_LEN)
+            .next_multiple_of(4);
         let offset = conn.layout.cmd_offset(index);
         let imm_offset = neg.immediate.filter(|_| {
             s.direction == DataDirection::Out
@@ -809,7 +814,11 @@ impl<P: Platform> Engine<P> {
         .encode()
     }
 
-    pub(crate) fn post(&self, prepared: SrpPrepared, irql: &impl LeDispatch) -> Result<(), PostFailed> {
+    pub(crate) fn post(
+        &self,
+        prepared: SrpPrepared,
+        irql: &impl LeDispatch,
+    ) -> Result<(), PostFailed> {
         let t = self
             .target(prepared.target)
             .ok_or(PostFailed(FailureKind::DeviceLost))?;
@@ -866,7 +875,10 @@ impl<P: Platform> Engine<P> {
         index: u16,
         irql: &impl LeDispatch,
     ) -> Result<(), (FailureKind, bool)> {
-        let conn = s.conn.clone().ok_or((FailureKind::ConnectionReset, false))?;
+        let conn = s
+            .conn
+            .clone()
+            .ok_or((FailureKind::ConnectionReset, false))?;
         let Ok(mut batch) = conn.qp.begin_send(irql) else {
             return Err((t.failure_kind(), false));
         };
@@ -890,7 +902,8 @@ impl<P: Platform> Engine<P> {
                 access,
                 ..
             } = &mut *s;
-            let (Some(run), Some(Some(mr)), Some(d)) = (runs.get(i), mrs.get_mut(i), descs.get_mut(i))
+            let (Some(run), Some(Some(mr)), Some(d)) =
+                (runs.get(i), mrs.get_mut(i), descs.get_mut(i))
             else {
                 return Err((FailureKind::ConnectionReset, true));
             };
@@ -925,7 +938,8 @@ impl<P: Platform> Engine<P> {
         if !s.immediate {
             let tag = self.cmd_tag(s, index);
             let add_cdb = s.cdb_len.saturating_sub(cmd::CDB_LEN).next_multiple_of(4);
-            let table_va = conn.tx.iova() + offset + (cmd::LEN + add_cdb + desc::INDIRECT_LEN) as u64;
+            let table_va =
+                conn.tx.iova() + offset + (cmd::LEN + add_cdb + desc::INDIRECT_LEN) as u64;
             let descs = s.descs.get(..n).unwrap_or(&[]);
             let data = if n == 0 {
                 None
@@ -1088,7 +1102,15 @@ impl<P: Platform> Engine<P> {
             }
             WrCtx::Inv { slot, generation } => {
                 if completion.is_success() {
-                    self.command_progress(t, ch, conn, slot, generation, |s| s.inv_done = true, irql);
+                    self.command_progress(
+                        t,
+                        ch,
+                        conn,
+                        slot,
+                        generation,
+                        |s| s.inv_done = true,
+                        irql,
+                    );
                 }
             }
             WrCtx::TmfSend { slot, generation } => {
@@ -1803,7 +1825,13 @@ impl<P: Platform> Engine<P> {
     }
 
     /// Reports every TMF of `ch` unanswered past its deadline.
-    pub(crate) fn expire_tmfs(&self, t: &Target<P>, ch: &Channel<P>, now: u64, irql: &Dispatch<'_>) {
+    pub(crate) fn expire_tmfs(
+        &self,
+        t: &Target<P>,
+        ch: &Channel<P>,
+        now: u64,
+        irql: &Dispatch<'_>,
+    ) {
         for (i, slot_lock) in ch.tmfs.iter().enumerate() {
             let index = u16::try_from(i).unwrap_or(u16::MAX);
             let expired = {
@@ -1825,15 +1853,23 @@ impl<P: Platform> Engine<P> {
             if expired.1 {
                 let _ = ch.state.lock(irql).tmf_free.push(index);
             }
-            self.upcalls()
-                .tmf_done(expired.0, TmfResponse::Transport(FailureKind::Timeout), irql);
+            self.upcalls().tmf_done(
+                expired.0,
+                TmfResponse::Transport(FailureKind::Timeout),
+                irql,
+            );
         }
     }
 
     // -- the end of a connection ----------------------------------------------
 
     /// The outcome of a command the end of `conn` fenced.
-    fn fence_outcome(&self, t: &Target<P>, conn: &Arc<Conn<P>>, irql: &Dispatch<'_>) -> CommandOutcome {
+    fn fence_outcome(
+        &self,
+        t: &Target<P>,
+        conn: &Arc<Conn<P>>,
+        irql: &Dispatch<'_>,
+    ) -> CommandOutcome {
         match t.state() {
             TargetState::FailFast => CommandOutcome::Failed(FailureKind::FailFast),
             TargetState::Lost => CommandOutcome::Failed(FailureKind::DeviceLost),
@@ -2021,10 +2057,15 @@ impl<P: Platform> Engine<P> {
     }
 
     /// The CM ended `conn` on its own: the connection ends too.
-    fn cm_terminal(&self, t: &Target<P>, ch: &Channel<P>, conn: &Arc<Conn<P>>, irql: &Dispatch<'_>) {
+    fn cm_terminal(
+        &self,
+        t: &Target<P>,
+        ch: &Channel<P>,
+        conn: &Arc<Conn<P>>,
+        irql: &Dispatch<'_>,
+    ) {
         conn.life.lock(irql).cm_terminal = true;
         self.retire_conn(t, ch, conn, Cause::Transport, irql);
         conn.cm_ended(irql);
     }
 }
-

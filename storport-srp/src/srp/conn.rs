@@ -256,7 +256,11 @@ impl<P: Platform> Conn<P> {
         // Every send WQEBB and receive slot (one more each for the drain
         // markers, rounded up to the device's powers of two) may hold a
         // completion.
-        let pow2 = |n: u32| n.saturating_add(1).checked_next_power_of_two().unwrap_or(u32::MAX);
+        let pow2 = |n: u32| {
+            n.saturating_add(1)
+                .checked_next_power_of_two()
+                .unwrap_or(u32::MAX)
+        };
         let cq_entries = pow2(shape.send_wqebbs).saturating_add(pow2(layout.rx_count));
         let cq = match Cq::create(
             device,
@@ -318,19 +322,15 @@ impl<P: Platform> Conn<P> {
                     return Err(e);
                 }
             };
-            let pool = match FrPool::new(
-                &pd,
-                shape.pool_size as usize,
-                shape.max_pages_per_mr,
-                irql,
-            ) {
-                Ok(pool) => pool,
-                Err(e) => {
-                    let _ = tx.dereg(irql);
-                    let _ = rx.dereg(irql);
-                    return Err(e);
-                }
-            };
+            let pool =
+                match FrPool::new(&pd, shape.pool_size as usize, shape.max_pages_per_mr, irql) {
+                    Ok(pool) => pool,
+                    Err(e) => {
+                        let _ = tx.dereg(irql);
+                        let _ = rx.dereg(irql);
+                        return Err(e);
+                    }
+                };
             Ok((tx, rx, pool))
         })();
         let (tx, rx, pool) = match built {
@@ -390,7 +390,10 @@ impl<P: Platform> Conn<P> {
     /// <= `DISPATCH_LEVEL`.
     pub(crate) fn post_recv(&self, index: u16, irql: &impl LeDispatch) -> bool {
         let stride = u64::from(self.layout.rx_stride);
-        let Some(sge) = self.rx.sge(stride * u64::from(index), self.layout.rx_stride) else {
+        let Some(sge) = self
+            .rx
+            .sge(stride * u64::from(index), self.layout.rx_stride)
+        else {
             return false;
         };
         let Ok(mut batch) = self.qp.begin_recv(irql) else {

@@ -43,15 +43,13 @@ use kverbs::worker::{CompleteAt, Outcome, RequestQueue, WorkHandler, Worker};
 
 use super::channel::Channel;
 use super::conn::{Conn, ConnShape, IuLayout, WrCtx};
-use super::login::{
-    self, DEFAULT_MAX_IMM_DATA, LoginFailure, LoginForm, LoginPlan, login_request,
-};
+use super::login::{self, DEFAULT_MAX_IMM_DATA, LoginFailure, LoginForm, LoginPlan, login_request};
 use super::mapping::PAGE;
 use super::params::{Addressing, TargetParams, Timeouts};
 use super::recovery::{Actions, Cause, Recovery};
 use crate::miniport::transport::{
-    FailureKind, PostFailed, PrepareError, ScsiCommand, StartFailed, Tag, TargetState,
-    TmfRefused, Transport, Upcalls,
+    FailureKind, PostFailed, PrepareError, ScsiCommand, StartFailed, Tag, TargetState, TmfRefused,
+    Transport, Upcalls,
 };
 use crate::wire::Lun;
 use crate::wire::srp::MultiChannelAction;
@@ -63,7 +61,7 @@ pub const RSP_IUS: u32 = 4;
 /// Receive buffers beyond the command and TMF slots, for target requests.
 pub const UNSOLICITED_RECVS: u32 = 8;
 /// Largest page list one MR maps (Linux: `SRP_MAX_PAGES_PER_MR` 512).
-pub const MAX_PAGES_PER_MR: u32 = 256;
+pub const MAX_PAGES_PER_MR: u32 = 512;
 /// Linux's `SRP_ABORT_TIMEOUT_MS`.
 pub const DEFAULT_TMF_TIMEOUT: Duration = Duration::from_secs(5);
 /// Largest sense data kept per command (SPC: 252).
@@ -170,7 +168,9 @@ impl Sizing {
             max_pages_per_mr,
             max_runs,
             max_pages,
-            pool_size: queue_size.saturating_mul(mr_per_cmd).saturating_add(max_runs),
+            pool_size: queue_size
+                .saturating_mul(mr_per_cmd)
+                .saturating_add(max_runs),
             it_iu_len,
             send_wqebbs,
             scratch_len: it_iu_len.max(u32::from(login::IMM_DATA_OFFSET)),
@@ -428,31 +428,37 @@ impl<P: Platform> WorkHandler for SlowPath<P> {
                 return;
             };
             match outcome {
-            Outcome::Done(SlowOutput::Connect {
-                target,
-                channel,
-                epoch,
-                ok,
-            }) => {
-                if !ok {
+                Outcome::Done(SlowOutput::Connect {
+                    target,
+                    channel,
+                    epoch,
+                    ok,
+                }) => {
+                    if !ok {
+                        engine.channel_login_failed(
+                            target,
+                            channel,
+                            epoch,
+                            LoginFailure::Resources,
+                            d,
+                        );
+                    }
+                }
+                Outcome::Cancelled(SlowRequest::Connect {
+                    target,
+                    channel,
+                    epoch,
+                    ..
+                }) => {
                     engine.channel_login_failed(target, channel, epoch, LoginFailure::Resources, d);
                 }
-            }
-            Outcome::Cancelled(SlowRequest::Connect {
-                target,
-                channel,
-                epoch,
-                ..
-            }) => {
-                engine.channel_login_failed(target, channel, epoch, LoginFailure::Resources, d);
-            }
-            Outcome::Cancelled(SlowRequest::Release(conn)) => {
-                // The worker is shutting down (stop): release inline is not
-                // possible here; the connection is forgotten (the device
-                // reclaims its objects when it closes).
-                engine.forget_conn(&conn, d);
-            }
-            Outcome::Done(SlowOutput::Released) => {}
+                Outcome::Cancelled(SlowRequest::Release(conn)) => {
+                    // The worker is shutting down (stop): release inline is not
+                    // possible here; the connection is forgotten (the device
+                    // reclaims its objects when it closes).
+                    engine.forget_conn(&conn, d);
+                }
+                Outcome::Done(SlowOutput::Released) => {}
             }
         };
         match irql {
@@ -602,14 +608,10 @@ impl<P: Platform> Engine<P> {
             send_wqebbs: sizing.send_wqebbs,
             pool_size: sizing.pool_size,
             max_pages_per_mr: sizing.max_pages_per_mr,
-            dpc_target: DpcTarget::Processor(
-                t.params.comp_vector.wrapping_add(u32::from(channel)),
-            ),
+            dpc_target: DpcTarget::Processor(t.params.comp_vector.wrapping_add(u32::from(channel))),
             port: self.config.port,
         };
-        let conn = match Conn::build(
-            self, &self.cm, target, channel, epoch, login, &shape, irql,
-        ) {
+        let conn = match Conn::build(self, &self.cm, target, channel, epoch, login, &shape, irql) {
             Ok(conn) => conn,
             Err(_) => return false,
         };
@@ -666,7 +668,9 @@ impl<P: Platform> Engine<P> {
             } => {
                 if pkey & 0x7fff != 0x7fff {
                     // Only the default partition exists on this port.
-                    Err(kverbs::cm::CmError::InvalidParameter("pkey not in the port's table"))
+                    Err(kverbs::cm::CmError::InvalidParameter(
+                        "pkey not in the port's table",
+                    ))
                 } else {
                     let remote = Gid(dgid);
                     let request = ConnectRequest {
@@ -718,7 +722,13 @@ impl<P: Platform> Engine<P> {
     }
 
     /// A channel logged in.
-    pub(crate) fn channel_logged_in(&self, target: u8, channel: u8, epoch: u32, irql: &Dispatch<'_>) {
+    pub(crate) fn channel_logged_in(
+        &self,
+        target: u8,
+        channel: u8,
+        epoch: u32,
+        irql: &Dispatch<'_>,
+    ) {
         let Some(t) = self.target(target) else {
             return;
         };
@@ -1037,7 +1047,13 @@ impl<P: Platform> Engine<P> {
     }
 
     /// Passive: cleans up after a build that failed once the QP existed.
-    pub(crate) fn release_partial(&self, qp: Qp<P, WrCtx>, cq: Cq<P, WrCtx>, pd: Pd<P>, irql: &Passive<'_>) {
+    pub(crate) fn release_partial(
+        &self,
+        qp: Qp<P, WrCtx>,
+        cq: Cq<P, WrCtx>,
+        pd: Pd<P>,
+        irql: &Passive<'_>,
+    ) {
         let _ = qp.destroy(irql);
         // Destroy is asynchronous; the CQ refuses while the QP is attached.
         for _ in 0..10_000 {
@@ -1404,7 +1420,9 @@ impl<P: Platform> Transport for SrpTransport<P> {
         while waited < STOP_WAIT {
             let idle = e.conns_alive(irql) == 0
                 && e.slow.as_ref().is_none_or(|q| q.in_use(irql) == 0)
-                && e.targets.iter().all(|t| t.channels.iter().all(|c| c.is_idle(irql)));
+                && e.targets
+                    .iter()
+                    .all(|t| t.channels.iter().all(|c| c.is_idle(irql)));
             if idle {
                 break;
             }
@@ -1419,4 +1437,3 @@ impl<P: Platform> Transport for SrpTransport<P> {
         }
     }
 }
-
