@@ -70,11 +70,14 @@ pub fn target_ip(i: usize) -> [u8; 4] {
 }
 
 /// CM timing for tests (the host platform's clock is real): a response
-/// timeout of 4.096 µs × 2^14 ≈ 67 ms, three retries, short timewait.
+/// timeout of 4.096 µs × 2^14 ≈ 67 ms, three retries, short timewait; a
+/// packet lifetime of 2^14 × 4.096 µs, which makes the RC ACK timeout
+/// ≈ 134 ms — long enough that a loaded two-core host does not look like
+/// a lossy fabric.
 #[must_use]
 pub fn cm_timing() -> CmTiming {
     CmTiming {
-        packet_lifetime: IbTimeout::new(12).unwrap_or(IbTimeout::from_low_bits(12)),
+        packet_lifetime: IbTimeout::new(14).unwrap_or(IbTimeout::from_low_bits(14)),
         cm_response_timeout: IbTimeout::new(14).unwrap_or(IbTimeout::from_low_bits(14)),
         max_cm_retries: 3,
         timewait: IbTimeout::new(14).unwrap_or(IbTimeout::from_low_bits(14)),
@@ -366,6 +369,14 @@ impl Stack {
                         "target {t} not live: {:?}",
                         stack.stats(t, p)
                     )));
+                }
+                // The target side too (it goes live on the RTU).
+                let channels = usize::from(stack.stats(t, p).live_channels);
+                let target = stack.target(usize::from(t));
+                if !stack.wait_until(Duration::from_secs(5), || {
+                    target.live_channels() >= channels
+                }) {
+                    return Err(SetupError(format!("target {t}: channels not live")));
                 }
             }
         }
@@ -749,7 +760,16 @@ impl Stack {
             let open = self.transport().open_connections(p);
             assert_eq!(open, 0, "connections left open after stop");
             self.model.free_adapter(p);
-            for t in &mut self.targets {
+            for (i, t) in self.targets.iter_mut().enumerate() {
+                if let Some(srp) = t.srp.as_ref() {
+                    // The initiator never broke the protocol.
+                    let c = srp.counters();
+                    assert_eq!(
+                        (c.credit_violations, c.malformed_ius, c.bad_descriptors),
+                        (0, 0, 0),
+                        "target {i}: credit violations, malformed IUs, bad descriptors"
+                    );
+                }
                 if let Some(srp) = t.srp.take() {
                     if let Err(e) = srp.stop(p) {
                         panic!("target stop: {e}");
@@ -838,7 +858,7 @@ impl Io {
 }
 
 /// A finished I/O.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct IoDone {
     /// The model's request id.
     pub id: u32,
@@ -846,6 +866,16 @@ pub struct IoDone {
     pub outcome: RequestOutcome,
     /// Its buffer after completion.
     pub data: Vec<u8>,
+}
+
+impl std::fmt::Debug for IoDone {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IoDone")
+            .field("id", &self.id)
+            .field("outcome", &self.outcome)
+            .field("data_len", &self.data.len())
+            .finish()
+    }
 }
 
 /// A seeded workload generator.

@@ -64,7 +64,7 @@ use kverbs::wr::{Completion, FastReg, Payload, SendWr, Signal, WcStatus};
 
 use super::conn::{Conn, Phase, WrCtx};
 use super::credits::Credits;
-use super::engine::{Engine, RSP_IUS, SENSE_MAX, Sizing, TMF_SLOTS, Target, bump, now_ns};
+use super::engine::{Engine, RSP_IUS, SENSE_MAX, Sizing, TMF_SLOTS, Target, Why, bump, now_ns};
 use super::login::{self, LoginFailure, Negotiated};
 use super::mapping::{self, PAGE_SHIFT, Plan, Run};
 use super::recovery::Cause;
@@ -857,7 +857,7 @@ impl<P: Platform> Engine<P> {
                 if broken {
                     if let Some(conn) = conn {
                         with_dispatch::<P, _, _>(irql, |d| {
-                            self.conn_failed(&conn, Cause::Transport, d);
+                            self.conn_failed(&conn, Cause::Transport, Why::Batch, d);
                         });
                     }
                 }
@@ -1079,9 +1079,9 @@ impl<P: Platform> Engine<P> {
         completion: Completion<WrCtx>,
         irql: &Dispatch<'_>,
     ) {
-        let error = matches!(completion.status, WcStatus::Error(_));
-        if error {
-            self.conn_failed(conn, Cause::Transport, irql);
+        if matches!(completion.status, WcStatus::Error(_)) {
+            let why = Why::WcError(completion.raw_syndrome, completion.opcode as u8);
+            self.conn_failed(conn, Cause::Transport, why, irql);
         }
         let Some(ctx) = completion.context else {
             // An unsignalled REG_MR or LOCAL_INV failed or was flushed: the
@@ -1254,7 +1254,7 @@ impl<P: Platform> Engine<P> {
         // The bytes are ours now: the buffer goes back at once.
         let reposted = conn.post_recv(index, irql);
         if !reposted && conn.life.lock(irql).phase == Phase::Live {
-            self.conn_failed(conn, Cause::Transport, irql);
+            self.conn_failed(conn, Cause::Transport, Why::Repost, irql);
             return;
         }
         let iu = if copied {
@@ -1276,12 +1276,12 @@ impl<P: Platform> Engine<P> {
             }
             Some(SrpIu::TLogout(_)) => {
                 bump(&t.counters.t_logouts);
-                self.conn_failed(conn, Cause::Transport, irql);
+                self.conn_failed(conn, Cause::Transport, Why::TargetLogout, irql);
             }
             _ => {
                 // Malformed, or an IU a target may not send.
                 bump(&t.counters.protocol_errors);
-                self.conn_failed(conn, Cause::Transport, irql);
+                self.conn_failed(conn, Cause::Transport, Why::Protocol, irql);
             }
         }
     }
@@ -1363,7 +1363,7 @@ impl<P: Platform> Engine<P> {
             (s.take_finished(tag.slot), !ok)
         };
         if broken {
-            self.conn_failed(conn, Cause::Transport, irql);
+            self.conn_failed(conn, Cause::Transport, Why::Batch, irql);
         }
         if let Some(done) = done {
             self.finish_command(t, ch, done, irql);
@@ -2034,11 +2034,16 @@ impl<P: Platform> Engine<P> {
                     irql,
                 );
             }
-            CmEvent::Disconnected { .. } => {
+            CmEvent::Disconnected { cause, .. } => {
                 let was_live = {
                     let st = ch.state.lock(irql);
                     st.is_current(conn) && st.live
                 };
+                if was_live && cause != kverbs::cm::DisconnectCause::Local {
+                    t.counters
+                        .last_transport_failure
+                        .store(Why::PeerDisconnect.code(), Ordering::Relaxed);
+                }
                 let phase = conn.life.lock(irql).phase;
                 self.cm_terminal(t, ch, conn, irql);
                 if was_live {

@@ -555,7 +555,7 @@ impl<P: Platform> QpHandler for ConnHandler<P> {
         );
         if fatal {
             if let Some((engine, conn)) = self.get(irql) {
-                engine.conn_failed(&conn, Cause::Transport, irql);
+                engine.conn_failed(&conn, Cause::Transport, super::engine::Why::QpEvent, irql);
             }
         }
     }

@@ -217,6 +217,13 @@ pub struct TargetStats {
     pub connect_attempts: u64,
     /// Transport failures of live channels.
     pub transport_failures: u64,
+    /// Why the engine last ended a connection: `0x1_oo_ss` a work
+    /// completion error (opcode `oo` as kverbs numbers them, syndrome
+    /// `ss`), `0x2_0000` a fatal QP event, `0x3_0000` the peer's DREQ,
+    /// `0x4_0000` a protocol violation, `0x5_0000` a target logout,
+    /// `0x6_0000` a receive repost failure, `0x7_0000` a send batch that
+    /// could not be built.
+    pub last_transport_failure: u32,
     /// `SRP_CRED_REQ` received.
     pub cred_reqs: u64,
     /// `SRP_AER_REQ` received.
@@ -258,6 +265,7 @@ pub(crate) struct Counters {
     pub direct_only_retries: AtomicU64,
     pub connect_attempts: AtomicU64,
     pub transport_failures: AtomicU64,
+    pub last_transport_failure: AtomicU32,
     pub cred_reqs: AtomicU64,
     pub aer_reqs: AtomicU64,
     pub t_logouts: AtomicU64,
@@ -277,6 +285,41 @@ pub(crate) struct Counters {
 
 pub(crate) fn bump(c: &AtomicU64) {
     c.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Why a connection was ended by the engine (for the counters).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Why {
+    /// A work completion with an error: the raw syndrome and the opcode.
+    WcError(u8, u8),
+    /// A fatal asynchronous QP event.
+    QpEvent,
+    /// The peer ended the connection (DREQ).
+    PeerDisconnect,
+    /// An IU the protocol does not allow.
+    Protocol,
+    /// `SRP_T_LOGOUT`.
+    TargetLogout,
+    /// A receive could not be reposted.
+    Repost,
+    /// A send batch could not be built as planned.
+    Batch,
+}
+
+impl Why {
+    /// The code [`TargetStats::last_transport_failure`] reports:
+    /// `0x1000 | opcode << 8 | syndrome`... see the variants.
+    pub(crate) const fn code(self) -> u32 {
+        match self {
+            Why::WcError(syndrome, opcode) => 0x1_0000 | ((opcode as u32) << 8) | syndrome as u32,
+            Why::QpEvent => 0x2_0000,
+            Why::PeerDisconnect => 0x3_0000,
+            Why::Protocol => 0x4_0000,
+            Why::TargetLogout => 0x5_0000,
+            Why::Repost => 0x6_0000,
+            Why::Batch => 0x7_0000,
+        }
+    }
 }
 
 /// The connection attempt of a target.
@@ -892,10 +935,21 @@ impl<P: Platform> Engine<P> {
 
     /// A connection failed on its own (QP error, bad completion, protocol
     /// violation, DREQ).
-    pub(crate) fn conn_failed(&self, conn: &Arc<Conn<P>>, cause: Cause, irql: &Dispatch<'_>) {
+    pub(crate) fn conn_failed(
+        &self,
+        conn: &Arc<Conn<P>>,
+        cause: Cause,
+        why: Why,
+        irql: &Dispatch<'_>,
+    ) {
         let Some(t) = self.target(conn.target) else {
             return;
         };
+        if conn.life.lock(irql).phase != super::conn::Phase::Retiring {
+            t.counters
+                .last_transport_failure
+                .store(why.code(), Ordering::Relaxed);
+        }
         let Some(ch) = t.channels.get(usize::from(conn.channel)) else {
             return;
         };
@@ -1256,6 +1310,7 @@ impl<P: Platform> SrpTransport<P> {
             direct_only_retries: get(&c.direct_only_retries),
             connect_attempts: get(&c.connect_attempts),
             transport_failures: get(&c.transport_failures),
+            last_transport_failure: c.last_transport_failure.load(Ordering::Relaxed),
             cred_reqs: get(&c.cred_reqs),
             aer_reqs: get(&c.aer_reqs),
             t_logouts: get(&c.t_logouts),
