@@ -951,6 +951,32 @@ impl Workload {
             .collect()
     }
 
+    /// As [`Self::ios`], but no two I/Os overlap (each gets its own stripe
+    /// of `max_bytes`): safe to have all in flight at once.
+    #[must_use]
+    #[expect(clippy::too_many_arguments, reason = "the workload's knobs")]
+    pub fn disjoint_ios(
+        &mut self,
+        n: usize,
+        target: u8,
+        lun: u8,
+        block_len: u32,
+        blocks_total: u64,
+        min_bytes: u32,
+        max_bytes: u32,
+        read_ratio: f64,
+    ) -> Vec<Io> {
+        let stripe = u64::from((max_bytes / block_len).max(1));
+        let stripes = (blocks_total / stripe).max(1);
+        let mut ios = self.ios(
+            n, target, lun, block_len, stripe, min_bytes, max_bytes, read_ratio,
+        );
+        for (i, io) in ios.iter_mut().enumerate() {
+            io.lba = (i as u64 % stripes) * stripe;
+        }
+        ios
+    }
+
     /// Random bytes.
     #[must_use]
     pub fn bytes(&mut self, len: usize) -> Vec<u8> {
