@@ -25,6 +25,24 @@ fn login_inquiry_capacity_and_one_write_read() {
         assert_eq!(o.status.base(), SrbStatus::SUCCESS, "{o:?}");
         assert_eq!(u64::from_be_bytes(data[0..8].try_into().unwrap()), 4095);
         assert_eq!(u32::from_be_bytes(data[8..12].try_into().unwrap()), 4096);
+        let (o, data) = s.report_luns(0, p);
+        assert!(
+            matches!(
+                o.status.base(),
+                SrbStatus::SUCCESS | SrbStatus::DATA_OVERRUN
+            ),
+            "{o:?}"
+        );
+        let list = storport_srp::scsi::ReportLunsData::new_checked(&data[..]).unwrap();
+        let luns: Vec<_> = list.luns().map(|l| l.index()).collect();
+        assert_eq!(luns, vec![Some(0), Some(1)]);
+        // A LUN the target does not have: INQUIRY answers "not present".
+        let (o, data) = s.inquiry(0, 3, p);
+        assert!(matches!(
+            o.status.base(),
+            SrbStatus::SUCCESS | SrbStatus::DATA_OVERRUN
+        ));
+        assert_eq!(data[0], 0x7f, "peripheral qualifier 011b, type 1Fh");
         let mut w = Workload::new(7);
         let bytes = w.bytes(8192);
         let o = s.write(0, 0, 100, &bytes, SgShape::Contiguous, p);
@@ -33,6 +51,9 @@ fn login_inquiry_capacity_and_one_write_read() {
         let (o, back) = s.read(0, 0, 100, 16, SgShape::Pages, p);
         assert_eq!(o.status.base(), SrbStatus::SUCCESS, "{o:?}");
         assert_eq!(back, bytes);
+        let st = s.stats(0, p);
+        assert_eq!(st.completed, 6);
+        assert!(st.req_lim > 1 && st.zero_req_lim == 0, "{st:?}");
         let _ = Duration::ZERO;
     });
 }

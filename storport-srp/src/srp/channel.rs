@@ -65,6 +65,7 @@ use kverbs::wr::{Completion, FastReg, Payload, SendWr, Signal, WcStatus};
 use super::conn::{Conn, Phase, WrCtx};
 use super::credits::Credits;
 use super::engine::{Engine, RSP_IUS, SENSE_MAX, Sizing, TMF_SLOTS, Target, Why, bump, now_ns};
+use super::iu::{self, CommandHeader};
 use super::login::{self, LoginFailure, Negotiated};
 use super::mapping::{self, PAGE_SHIFT, Plan, Run};
 use super::recovery::Cause;
@@ -76,9 +77,8 @@ use crate::miniport::transport::{
 use crate::storport::{DataDirection, QueueAction};
 use crate::wire::Lun;
 use crate::wire::srp::{
-    AerRsp, AerRspRepr, BufFormats, Cmd, CmdRepr, CredRsp, CredRspRepr, DataIn, DataOut,
-    DirectDesc, IndirectDesc, Opcode, RspRepr, SolNot, SrpIu, TaskAttr, TaskMgmtFunction,
-    TmResponse, TskMgmt, TskMgmtRepr, cmd, desc,
+    AerRsp, AerRspRepr, BufFormats, CredRsp, CredRspRepr, DirectDesc, Opcode, RspRepr, SolNot,
+    SrpIu, TaskAttr, TaskMgmtFunction, TmResponse, TskMgmt, TskMgmtRepr, cmd,
 };
 
 /// Longest IU from the target the engine parses (an `SRP_RSP` with 252
@@ -692,11 +692,6 @@ impl<P: Platform> Engine<P> {
         if s.direction == DataDirection::Unspecified {
             return Err(Refusal::Failed(FailureKind::Unsupported));
         }
-        let add_cdb = command
-            .cdb
-            .len()
-            .saturating_sub(cmd::CDB_LEN)
-            .next_multiple_of(4);
         let offset = conn.layout.cmd_offset(index);
         let imm_offset = neg.immediate.filter(|_| {
             s.direction == DataDirection::Out
@@ -706,18 +701,16 @@ impl<P: Platform> Engine<P> {
         if let Some(imm) = imm_offset.filter(|o| u32::from(*o) + len <= neg.max_it_iu_len) {
             // Immediate data: the whole IU is built now; post only sends.
             s.immediate = true;
-            let repr = CmdRepr {
-                sol_not: SolNot::empty(),
-                tag: self.cmd_tag(s, index),
+            let tag = self.cmd_tag(s, index);
+            let header = CommandHeader {
+                tag,
                 lun: s.lun,
                 task_attr: s.task_attr,
                 cdb: s.cdb.get(..s.cdb_len).unwrap_or(&[]),
-                data_out: DataOut::ImmediateExternal { offset: imm, len },
-                data_in: DataIn::None,
+                direction: s.direction,
             };
-            repr.emit(&mut Cmd::new_unchecked(&mut s.scratch[..]))
+            let header = iu::emit_immediate_header(&header, imm, len, &mut s.scratch)
                 .map_err(|_| Refusal::Failed(FailureKind::Unsupported))?;
-            let header = usize::from(imm);
             let head = s.scratch.get(..header).unwrap_or(&[]);
             conn.tx
                 .mem()
@@ -746,7 +739,7 @@ impl<P: Platform> Engine<P> {
         }
         s.immediate = false;
         if s.direction == DataDirection::None {
-            s.iu_len = (cmd::LEN + add_cdb) as u32;
+            s.iu_len = iu::command_len(command.cdb.len(), 0, neg.formats) as u32;
             s.budget = 1;
             return Ok(());
         }
@@ -769,16 +762,11 @@ impl<P: Platform> Engine<P> {
         }
         // The descriptors must fit the IU the target accepts, and the
         // formats it supports.
-        let fixed = cmd::LEN + add_cdb;
         let direct_ok = n == 1 && neg.formats.contains(BufFormats::DIRECT);
-        let iu_len = if direct_ok {
-            fixed + desc::DIRECT_LEN
-        } else {
-            if !neg.formats.contains(BufFormats::INDIRECT) {
-                return Err(Refusal::Failed(FailureKind::Unsupported));
-            }
-            fixed + desc::INDIRECT_LEN + n * desc::DIRECT_LEN
-        };
+        if !direct_ok && !neg.formats.contains(BufFormats::INDIRECT) {
+            return Err(Refusal::Failed(FailureKind::Unsupported));
+        }
+        let iu_len = iu::command_len(command.cdb.len(), n, neg.formats);
         if iu_len > neg.max_it_iu_len as usize || iu_len > s.scratch.len() {
             return Err(Refusal::Failed(FailureKind::Unsupported));
         }
@@ -936,43 +924,22 @@ impl<P: Platform> Engine<P> {
         }
         let offset = conn.layout.cmd_offset(index);
         if !s.immediate {
-            let tag = self.cmd_tag(s, index);
-            let add_cdb = s.cdb_len.saturating_sub(cmd::CDB_LEN).next_multiple_of(4);
-            let table_va =
-                conn.tx.iova() + offset + (cmd::LEN + add_cdb + desc::INDIRECT_LEN) as u64;
-            let descs = s.descs.get(..n).unwrap_or(&[]);
-            let data = if n == 0 {
-                None
-            } else if n == 1 && s.formats.contains(BufFormats::DIRECT) {
-                descs.first().copied().map(Ok)
-            } else {
-                // The whole list is inline: the table descriptor names it
-                // for the record, with key 0 — no target needs to fetch it,
-                // and none can.
-                Some(Err(IndirectDesc::inline(table_va, 0, descs)
-                    .map_err(|_| (FailureKind::Unsupported, false))?))
-            };
-            let (data_out, data_in) = match (s.direction, data) {
-                (DataDirection::In, Some(Ok(d))) => (DataOut::None, DataIn::Direct(d)),
-                (DataDirection::In, Some(Err(ind))) => (DataOut::None, DataIn::Indirect(ind)),
-                (DataDirection::Out, Some(Ok(d))) => (DataOut::Direct(d), DataIn::None),
-                (DataDirection::Out, Some(Err(ind))) => (DataOut::Indirect(ind), DataIn::None),
-                _ => (DataOut::None, DataIn::None),
-            };
-            let repr = CmdRepr {
-                sol_not: SolNot::empty(),
-                tag,
+            let header = CommandHeader {
+                tag: self.cmd_tag(s, index),
                 lun: s.lun,
                 task_attr: s.task_attr,
                 cdb: s.cdb.get(..s.cdb_len).unwrap_or(&[]),
-                data_out,
-                data_in,
+                direction: s.direction,
             };
-            let len = repr
-                .buffer_len()
-                .map_err(|_| (FailureKind::Unsupported, true))?;
-            repr.emit(&mut Cmd::new_unchecked(&mut s.scratch[..]))
-                .map_err(|_| (FailureKind::Unsupported, true))?;
+            let descs = s.descs.get(..n).unwrap_or(&[]);
+            let len = iu::emit_command(
+                &header,
+                descs,
+                s.formats,
+                conn.tx.iova() + offset,
+                &mut s.scratch,
+            )
+            .map_err(|_| (FailureKind::Unsupported, true))?;
             let bytes = s.scratch.get(..len).unwrap_or(&[]);
             conn.tx
                 .mem()

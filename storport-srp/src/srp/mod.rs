@@ -4,9 +4,10 @@
 //! * [`params`]: target attachment strings as Linux `ib_srp`'s
 //!   `add_target` takes them, and the recovery timeouts.
 //! * [`login`]: the login request, response and reject.
-//! * [`credits`], [`tags`], [`mapping`], [`recovery`]: the pure pieces —
-//!   the request limit, wire tags and slot free lists, the registration
-//!   plan of a scatter/gather list, the rport state machine.
+//! * [`credits`], [`tags`], [`mapping`], [`iu`], [`recovery`]: the pure
+//!   pieces — the request limit, wire tags and slot free lists, the
+//!   registration plan of a scatter/gather list, the `SRP_CMD` and its
+//!   descriptors, the rport state machine.
 //! * [`SrpTransport`] ([`engine`]): targets and their channels; the fast
 //!   path and the completion side live in `channel`, a connection's
 //!   objects and its orderly end in `conn`.
@@ -20,6 +21,7 @@ mod channel;
 mod conn;
 pub mod credits;
 pub mod engine;
+pub mod iu;
 pub mod login;
 pub mod mapping;
 pub mod params;
