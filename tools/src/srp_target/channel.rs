@@ -687,7 +687,7 @@ impl Channel {
             .and_then(|repr| transfer_of(&repr).map(|t| (repr, t)));
         let Some((repr, transfer)) = parsed else {
             Counters::add(&self.counters().bad_descriptors, 1);
-            self.answer_now(tag, lun, SolNot::empty(), invalid_field_in_cdb());
+            self.answer_now(tag, lun, view.sol_not(), invalid_field_in_cdb());
             return;
         };
         if let Some(&op) = repr.cdb.first() {
