@@ -191,7 +191,7 @@ fn descriptors_the_target_cannot_use_get_invalid_field_in_cdb() {
         let sense = rsp.sense.unwrap();
         assert_eq!((sense[2] & 0xf, sense[12], sense[13]), (5, 0x24, 0));
         // More data than the channel can stage.
-        let big = desc_of(&mr, 0, 4096).clone();
+        let big = desc_of(&mr, 0, 4096);
         let huge = storport_srp::wire::srp::DirectDesc {
             len: 2 << 20,
             ..big
