@@ -877,3 +877,69 @@ pub fn pattern(len: usize, seed: u8) -> Vec<u8> {
         .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) ^ ((i >> 8) as u8))
         .collect()
 }
+
+/// A target-initiated request, as the initiator saw it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TargetRequest {
+    Cred {
+        tag: u64,
+        delta: i32,
+    },
+    Aer {
+        tag: u64,
+        delta: i32,
+        lun: Lun,
+        sense: Vec<u8>,
+    },
+    Logout {
+        tag: u64,
+        reason: u32,
+    },
+}
+
+impl Conn<'_> {
+    /// Parses a target request and, for CRED_REQ and AER_REQ, answers it
+    /// (CRED_RSP / AER_RSP with its tag).
+    pub fn answer(&self, iu: &[u8], p: &Passive<'_>) -> TargetRequest {
+        use storport_srp::wire::srp::{
+            AerReq, AerReqRepr, AerRsp, AerRspRepr, CredReq, CredReqRepr, CredRsp, CredRspRepr,
+            TLogout, TLogoutRepr,
+        };
+        match Opcode::from_u8(iu[0]) {
+            Some(Opcode::CredReq) => {
+                let r = CredReqRepr::parse(&CredReq::new_checked(iu).unwrap()).unwrap();
+                let mut b = [0u8; 16];
+                CredRspRepr { tag: r.tag }
+                    .emit(&mut CredRsp::new_unchecked(&mut b[..]))
+                    .unwrap();
+                self.send_iu(&b, p);
+                TargetRequest::Cred {
+                    tag: r.tag,
+                    delta: r.req_lim_delta,
+                }
+            }
+            Some(Opcode::AerReq) => {
+                let r = AerReqRepr::parse(&AerReq::new_checked(iu).unwrap()).unwrap();
+                let mut b = [0u8; 16];
+                AerRspRepr { tag: r.tag }
+                    .emit(&mut AerRsp::new_unchecked(&mut b[..]))
+                    .unwrap();
+                self.send_iu(&b, p);
+                TargetRequest::Aer {
+                    tag: r.tag,
+                    delta: r.req_lim_delta,
+                    lun: r.lun,
+                    sense: r.sense.to_vec(),
+                }
+            }
+            Some(Opcode::TLogout) => {
+                let r = TLogoutRepr::parse(&TLogout::new_checked(iu).unwrap()).unwrap();
+                TargetRequest::Logout {
+                    tag: r.tag,
+                    reason: r.reason,
+                }
+            }
+            other => panic!("not a target request: {other:?}"),
+        }
+    }
+}
