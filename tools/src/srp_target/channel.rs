@@ -1221,9 +1221,12 @@ impl Channel {
                 self.post_hostile_write(piece, l.report, p);
             }
         }
+        // After SRP_I_LOGOUT: once every command the initiator still
+        // waits for is answered (dropped responses never will be), the
+        // target ends the channel.
         if self.logout
             && self.phase == Phase::Live
-            && self.cmds.iter().flatten().next().is_none()
+            && self.outstanding() == 0
             && self.tms.is_empty()
             && self.pending_ius.is_empty()
         {
@@ -1553,14 +1556,19 @@ impl Channel {
             response_data: None,
             sense,
         };
-        let mut buf = vec![0u8; repr.buffer_len()];
-        let _ = repr.emit(&mut Rsp::new_unchecked(&mut buf[..]));
-        let len = buf.len().min(self.rsp_size);
+        // Sense was cut to fit the response buffer, which is at most
+        // MAX_MAX_RSP_SIZE bytes.
+        let mut buf = [0u8; super::config::MAX_MAX_RSP_SIZE as usize];
+        let len = repr.buffer_len().min(self.rsp_size).min(buf.len());
+        let Some(iu) = buf.get_mut(..len) else {
+            return 0;
+        };
+        let _ = repr.emit(&mut Rsp::new_unchecked(&mut *iu));
         let _ = self
             .objects
             .send_mr
             .mem()
-            .write(slot as usize * self.rsp_size, buf.get(..len).unwrap_or(&[]));
+            .write(slot as usize * self.rsp_size, iu);
         len as u32
     }
 

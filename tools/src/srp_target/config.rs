@@ -273,3 +273,76 @@ impl SrpTargetConfig {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::scsi_target::BlockSize;
+
+    #[test]
+    fn defaults_are_srpt_s_and_valid() {
+        let c = SrpTargetConfig::default();
+        assert_eq!(
+            (
+                c.srp_max_req_size,
+                c.srp_max_rsp_size,
+                c.rq_size,
+                c.max_rdma_size
+            ),
+            (8276, 256, 128, 65536)
+        );
+        assert_eq!((c.initiator_depth, c.responder_resources), (4, 4));
+        assert_eq!(c.validate(), Ok(()));
+    }
+
+    #[test]
+    fn every_bad_value_is_named() {
+        let bad = |f: fn(&mut SrpTargetConfig)| {
+            let mut c = SrpTargetConfig::default();
+            f(&mut c);
+            c.validate().unwrap_err()
+        };
+        assert_eq!(
+            bad(|c| c.srp_max_req_size = 995),
+            ConfigError::MaxReqSize(995)
+        );
+        assert_eq!(
+            bad(|c| c.srp_max_req_size = 1 << 17),
+            ConfigError::MaxReqSize(1 << 17)
+        );
+        assert_eq!(
+            bad(|c| c.srp_max_rsp_size = 39),
+            ConfigError::MaxRspSize(39)
+        );
+        assert_eq!(
+            bad(|c| c.srp_max_rsp_size = 1025),
+            ConfigError::MaxRspSize(1025)
+        );
+        assert_eq!(bad(|c| c.rq_size = 3), ConfigError::RqSize(3));
+        assert_eq!(bad(|c| c.max_rdma_size = 0), ConfigError::MaxRdmaSize(0));
+        assert_eq!(
+            bad(|c| c.max_rdma_size = 5000),
+            ConfigError::MaxRdmaSize(5000)
+        );
+        assert_eq!(
+            bad(|c| c.max_rdma_size = MAX_RDMA_SIZE * 2),
+            ConfigError::MaxRdmaSize(MAX_RDMA_SIZE * 2)
+        );
+        assert_eq!(
+            bad(|c| c.staging_bytes = 4096),
+            ConfigError::StagingBytes(4096)
+        );
+        assert_eq!(
+            bad(|c| {
+                c.rdma_cm_port = None;
+                c.ib_cm = IbCmListen::Off;
+            }),
+            ConfigError::NoListener
+        );
+        assert_eq!(bad(|c| c.max_channels = 0), ConfigError::MaxChannels(0));
+        assert!(matches!(
+            bad(|c| c.luns = vec![LunConfig::new(BlockSize::B512, 0)]),
+            ConfigError::Lun { lun: 0, .. }
+        ));
+    }
+}

@@ -388,3 +388,86 @@ impl Switches {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn picks(selector: Selector, n: usize) -> Vec<bool> {
+        let mut s = SelectorState::new(selector);
+        (0..n).map(|_| s.take()).collect()
+    }
+
+    #[test]
+    fn selectors() {
+        assert_eq!(picks(Selector::Next(2), 4), [true, true, false, false]);
+        assert!(picks(Selector::All, 50).into_iter().all(|b| b));
+        let seeded = Selector::Seeded {
+            probability: 0.3,
+            seed: 42,
+            limit: None,
+        };
+        // Reproducible: the same seed picks the same events.
+        let a = picks(seeded, 200);
+        assert_eq!(a, picks(seeded, 200));
+        let hits = a.iter().filter(|b| **b).count();
+        assert!((30..=90).contains(&hits), "{hits} of 200 at p = 0.3");
+        let other = picks(
+            Selector::Seeded {
+                probability: 0.3,
+                seed: 43,
+                limit: None,
+            },
+            200,
+        );
+        assert_ne!(a, other, "another seed, other picks");
+        let limited = picks(
+            Selector::Seeded {
+                probability: 1.0,
+                seed: 1,
+                limit: Some(3),
+            },
+            10,
+        );
+        assert_eq!(limited.iter().filter(|b| **b).count(), 3);
+        assert!(SelectorState::new(Selector::Next(0)).exhausted());
+    }
+
+    #[test]
+    fn switches_are_consumed() {
+        let s = Switches::default();
+        assert_eq!(s.take_reject(), None);
+        assert_eq!(s.response_fate(), Fate::Send);
+        s.arm(&Misbehaviour::RejectLogins {
+            reason: RejectReason::ChannelLimitReached,
+            count: Some(2),
+        });
+        assert_eq!(s.take_reject(), Some(RejectReason::ChannelLimitReached));
+        assert_eq!(s.take_reject(), Some(RejectReason::ChannelLimitReached));
+        assert_eq!(s.take_reject(), None);
+        s.arm(&Misbehaviour::DropResponses {
+            which: Selector::Next(1),
+        });
+        s.arm(&Misbehaviour::DelayResponses {
+            delay: Duration::from_millis(5),
+            which: Selector::Next(1),
+        });
+        // Drop is asked first; each selector counts only what it takes.
+        assert_eq!(s.response_fate(), Fate::Drop);
+        assert_eq!(s.response_fate(), Fate::Delay(Duration::from_millis(5)));
+        assert_eq!(s.response_fate(), Fate::Send);
+        s.arm(&Misbehaviour::DisconnectAfter { commands: 1 });
+        assert!(!s.command_disconnects());
+        assert!(s.command_disconnects());
+        assert!(!s.command_disconnects());
+        s.arm(&Misbehaviour::Hostile(HostileAttempt::StaleRkey));
+        s.arm(&Misbehaviour::Hostile(HostileAttempt::ReadFromWriteOnly));
+        assert_eq!(
+            s.take_hostile(|h| *h == HostileAttempt::ReadFromWriteOnly),
+            Some(HostileAttempt::ReadFromWriteOnly)
+        );
+        assert_eq!(s.take_hostile(|_| false), None);
+        s.clear();
+        assert_eq!(s.take_hostile(|_| true), None);
+    }
+}
