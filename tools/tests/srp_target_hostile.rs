@@ -74,6 +74,8 @@ fn stale_rkey_is_refused() {
         // The initiator is done with the buffer: it invalidates the key.
         old.dereg(p).unwrap();
         arm(env, HostileAttempt::StaleRkey, p);
+        // (The switch uses a buffer delivered at least 20 ms before.)
+        env.idle(Duration::from_millis(30));
         let new = env.buffer(4096, AccessFlags::REMOTE_WRITE, p);
         conn.send_cmd(
             0,
@@ -106,6 +108,7 @@ fn stale_rkey_left_open_by_a_sloppy_initiator_is_reported_as_succeeded() {
         assert_eq!(conn.next_rsp(p).status, 0);
         // No invalidation: the old key still opens the buffer.
         arm(env, HostileAttempt::StaleRkey, p);
+        env.idle(Duration::from_millis(30));
         conn.send_cmd(
             0,
             &rw10(0x28, 8, 8),

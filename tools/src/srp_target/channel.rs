@@ -69,6 +69,11 @@ pub(crate) const SCRATCH_LEN: usize = 64 << 10;
 pub(crate) const HOSTILE_BYTE: u8 = 0xEE;
 /// Longest sleep of an idle channel thread.
 const IDLE_WAIT: Duration = Duration::from_millis(50);
+/// How many delivered buffers the stale-rkey switch remembers.
+const DONE_HISTORY: usize = 64;
+/// How long ago a buffer's response must have been delivered for the
+/// stale-rkey switch to use it.
+const STALE_AGE: Duration = Duration::from_millis(20);
 /// Tags of target-initiated requests (distinct from anything an initiator
 /// would expect back from a command).
 const TARGET_TAG_BASE: u64 = 0x5352_5054_0000_0000;
@@ -262,7 +267,9 @@ pub(crate) struct Channel {
     initiator_credits: i64,
     outstanding_requests: Vec<(u64, Opcode)>,
     next_request_tag: u64,
-    last_done: Option<(u64, DirectDesc)>,
+    /// Buffers of commands whose responses were delivered: (when, tag,
+    /// first descriptor), newest last.
+    done: VecDeque<(Instant, u64, DirectDesc)>,
     later: Vec<LaterHostile>,
     logout: bool,
     zero_length_posted: bool,
@@ -311,7 +318,7 @@ impl Channel {
             initiator_credits,
             outstanding_requests: Vec::new(),
             next_request_tag: TARGET_TAG_BASE,
-            last_done: None,
+            done: VecDeque::with_capacity(DONE_HISTORY),
             later: Vec::new(),
             logout: false,
             zero_length_posted: false,
@@ -978,7 +985,10 @@ impl Channel {
         };
         if delivered {
             if let Some(desc) = cmd.transfer.first_desc() {
-                self.last_done = Some((cmd.tag, desc));
+                if self.done.len() == DONE_HISTORY {
+                    self.done.pop_front();
+                }
+                self.done.push_back((Instant::now(), cmd.tag, desc));
                 if let (Some(delay), Transfer::In(_)) = (cmd.hostile_after, &cmd.transfer) {
                     let report = self.target.add_hostile(HostileReport {
                         attempt: HostileAttempt::AfterResponse { delay },
@@ -1252,7 +1262,16 @@ impl Channel {
             Transfer::Out(_) => transfer.first_desc(),
             _ => None,
         };
-        let stale = self.last_done;
+        // The newest buffer whose response was delivered long enough ago
+        // for the initiator to have completed the command (with many
+        // commands in flight, the last response may still be in its hands).
+        let settled = Instant::now().checked_sub(STALE_AGE);
+        let stale = self
+            .done
+            .iter()
+            .rev()
+            .find(|(at, _, _)| settled.is_some_and(|s| *at <= s))
+            .map(|&(_, tag, d)| (tag, d));
         let attempt = self.target.switches.take_hostile(|h| match h {
             HostileAttempt::StaleRkey => stale.is_some(),
             HostileAttempt::BeyondBuffer { .. }

@@ -94,9 +94,10 @@ impl SelectorState {
 /// business touching, and reports what happened.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum HostileAttempt {
-    /// When the next command arrives, RDMA WRITE to the buffer of the most
-    /// recent command whose response has already been delivered (its rkey
-    /// is stale if the initiator invalidated it, as it must).
+    /// When a command arrives, RDMA WRITE to the buffer of the most recent
+    /// command whose response was delivered at least 20 ms earlier (so the
+    /// initiator has had time to complete it: its rkey is stale if the
+    /// initiator invalidated it, as it must). Waits for such a command.
     StaleRkey,
     /// On the next command with a DATA-IN buffer, RDMA WRITE a run that
     /// starts inside the buffer and ends `past_end` bytes after it.
