@@ -3,4 +3,5 @@
 
 pub mod ntbuild;
 pub mod scsi_target;
+pub mod srp_target;
 pub mod vm;
