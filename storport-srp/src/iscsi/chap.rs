@@ -102,7 +102,10 @@ pub fn decode_binary<'o>(text: &str, out: &'o mut [u8]) -> Result<&'o [u8], Bina
             }
         }
     } else {
-        let data_len = digits.iter().position(|&c| c == b'=').unwrap_or(digits.len());
+        let data_len = digits
+            .iter()
+            .position(|&c| c == b'=')
+            .unwrap_or(digits.len());
         let (data, padding) = digits.split_at(data_len);
         if padding.len() > 2 || padding.iter().any(|&c| c != b'=') {
             return Err(BinaryError::BadDigit);
@@ -161,8 +164,14 @@ mod tests {
     /// (identifier byte, secret, challenge).
     #[test]
     fn md5_known_vectors() {
-        assert_eq!(response(b'a', b"", b""), hex("0cc175b9c0f1b6a831c399e269772661"));
-        assert_eq!(response(b'a', b"b", b"c"), hex("900150983cd24fb0d6963f7d28e17f72"));
+        assert_eq!(
+            response(b'a', b"", b""),
+            hex("0cc175b9c0f1b6a831c399e269772661")
+        );
+        assert_eq!(
+            response(b'a', b"b", b"c"),
+            hex("900150983cd24fb0d6963f7d28e17f72")
+        );
         assert_eq!(
             response(b'm', b"essage ", b"digest"),
             hex("f96b697d7cb7938d525a2f31aaf161d0")
@@ -171,7 +180,8 @@ mod tests {
             response(b'a', b"bcdefghijklm", b"nopqrstuvwxyz"),
             hex("c3fcd3d76192e4007dfb496cca67e13b")
         );
-        let digits = b"12345678901234567890123456789012345678901234567890123456789012345678901234567890";
+        let digits =
+            b"12345678901234567890123456789012345678901234567890123456789012345678901234567890";
         assert_eq!(
             response(b'1', &digits[1..40], &digits[40..]),
             hex("57edf4a22be3c955ac49da2e2107b67a")
@@ -200,7 +210,10 @@ mod tests {
         assert_eq!(decode_binary("0bAQL/", &mut buf), Ok(&[1, 2, 0xff][..]));
         assert_eq!(decode_binary("0BAQI=", &mut buf), Ok(&[1, 2][..]));
         assert_eq!(decode_binary("0bAQ==", &mut buf), Ok(&[1][..]));
-        assert_eq!(decode_binary("0bAR==", &mut buf), Err(BinaryError::TrailingBits));
+        assert_eq!(
+            decode_binary("0bAR==", &mut buf),
+            Err(BinaryError::TrailingBits)
+        );
         assert_eq!(decode_binary("0b=A", &mut buf), Err(BinaryError::BadDigit));
         assert_eq!(decode_binary("0x", &mut buf), Err(BinaryError::Empty));
         assert_eq!(decode_binary("12", &mut buf), Err(BinaryError::NoPrefix));

@@ -946,9 +946,7 @@ impl TargetDescription {
                 line: None,
                 kind: ErrorKind::MissingEquals,
             }))?;
-            builder
-                .set(key.trim(), value.trim())
-                .map_err(with_line)?;
+            builder.set(key.trim(), value.trim()).map_err(with_line)?;
         }
         builder.finish()
     }

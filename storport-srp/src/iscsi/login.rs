@@ -46,10 +46,10 @@ use core::fmt;
 
 use heapless::{String, Vec};
 
+use super::Millis;
 use super::chap;
 use super::description::{Isid, TargetDescription};
-use super::Millis;
-use crate::wire::iscsi::login::{status_class, VERSION};
+use crate::wire::iscsi::login::{VERSION, status_class};
 use crate::wire::iscsi::{
     BhsRepr, IscsiPdu, LoginRequestRepr, LoginResponseRepr, LoginStage, Padding, SerialNumber,
     command_window,
@@ -712,8 +712,8 @@ impl<'d> Login<'d> {
                     w.push("CHAP_I", decimal(u32::from(id), &mut id_text))
                         .map_err(too_small)?;
                     let mut c = [0u8; 2 + 32];
-                    let c = chap::encode_hex(&challenge, &mut c)
-                        .ok_or(LoginError::BufferTooSmall)?;
+                    let c =
+                        chap::encode_hex(&challenge, &mut c).ok_or(LoginError::BufferTooSmall)?;
                     w.push("CHAP_C", c).map_err(too_small)?;
                 }
                 (Sec, Some(Op))
@@ -877,7 +877,8 @@ impl<'d> Login<'d> {
     /// Records an answer to a target proposal for the next request.
     fn answer(&mut self, key: &str, value: &str) -> Result<(), LoginError> {
         let mut w = TextWriter::new(self.answers.get_mut(self.answers_len..).unwrap_or(&mut []));
-        w.push(key, value).map_err(|_| protocol(ProtocolViolation::Text))?;
+        w.push(key, value)
+            .map_err(|_| protocol(ProtocolViolation::Text))?;
         self.answers_len += w.finish();
         Ok(())
     }
@@ -921,7 +922,20 @@ impl<'d> Login<'d> {
                             return Err(LoginError::ChapRequired);
                         }
                         if transit {
-                            return Err(protocol(V::AuthSequence));
+                            // LIO, not enforcing authentication, picks
+                            // CHAP from "CHAP,None" and transits at
+                            // once: it checks nothing. Acceptable unless
+                            // the initiator must authenticate the target.
+                            if self.desc.auth.mutual.is_some() {
+                                return Err(protocol(V::AuthSequence));
+                            }
+                            self.auth = AuthState::Done(AuthOutcome::None);
+                            if offers {
+                                return Err(protocol(V::OffersInFinalResponse));
+                            }
+                            self.stage = LoginStage::OperationalNegotiation;
+                            self.next = Next::OperationalOffer;
+                            return Ok(LoginStep::Send);
                         }
                         self.auth = AuthState::AlgorithmSent;
                         self.next = Next::ChapAlgorithm;
@@ -985,7 +999,12 @@ impl<'d> Login<'d> {
                 return Err(LoginError::ChapReflection);
             }
         }
-        let creds = self.desc.auth.chap.as_ref().ok_or(LoginError::ChapRequired)?;
+        let creds = self
+            .desc
+            .auth
+            .chap
+            .as_ref()
+            .ok_or(LoginError::ChapRequired)?;
         self.chap_id = id;
         self.chap_response = chap::response(id, &creds.secret, challenge);
         Ok(())
@@ -1287,7 +1306,11 @@ impl<'d> Login<'d> {
             }
             OpKey::MaxConnections | OpKey::MaxOutstandingR2T | OpKey::ErrorRecoveryLevel => {
                 let n = proposed_num()?;
-                let ours = if op == OpKey::ErrorRecoveryLevel { 0 } else { 1 };
+                let ours = if op == OpKey::ErrorRecoveryLevel {
+                    0
+                } else {
+                    1
+                };
                 if n < ours {
                     return Err(neg(name, E::Unacceptable));
                 }
@@ -1392,7 +1415,9 @@ fn min_answer(answer: u64, offered: u32, name: &'static str) -> Result<u32, Logi
 pub(crate) fn decimal(mut n: u32, scratch: &mut [u8]) -> &str {
     let mut at = scratch.len();
     while let Some(i) = at.checked_sub(1) {
-        let Some(slot) = scratch.get_mut(i) else { break };
+        let Some(slot) = scratch.get_mut(i) else {
+            break;
+        };
         // A remainder modulo 10 is one digit.
         *slot = b'0' + (n % 10) as u8;
         at = i;

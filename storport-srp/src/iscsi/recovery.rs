@@ -165,8 +165,7 @@ impl Recovery {
             self.next_attempt = None;
             return step;
         }
-        if self.state != TargetState::FailFast && self.fast_fail_at().is_some_and(|at| now >= at)
-        {
+        if self.state != TargetState::FailFast && self.fast_fail_at().is_some_and(|at| now >= at) {
             self.set_state(TargetState::FailFast, &mut step);
         }
         if !self.attempt_running && self.next_attempt.is_some_and(|at| now >= at) {

@@ -286,12 +286,23 @@ const NO_SLOT: u16 = u16::MAX;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Control {
     /// Answer to a target ping.
-    NopReply { ttt: u32, lun: Lun },
+    NopReply {
+        ttt: u32,
+        lun: Lun,
+    },
     /// Our keepalive.
-    Ping { itt: u32 },
-    Tmf { slot: u16 },
-    Logout { itt: u32 },
-    Text { itt: u32 },
+    Ping {
+        itt: u32,
+    },
+    Tmf {
+        slot: u16,
+    },
+    Logout {
+        itt: u32,
+    },
+    Text {
+        itt: u32,
+    },
 }
 
 /// One session's full feature phase.
@@ -367,7 +378,11 @@ pub fn unsolicited_split(neg: &Negotiated, write_len: u32) -> (u32, u32) {
     } else {
         0
     };
-    let unsolicited = if neg.initial_r2t { immediate } else { first_burst };
+    let unsolicited = if neg.initial_r2t {
+        immediate
+    } else {
+        first_burst
+    };
     (immediate, unsolicited)
 }
 
@@ -661,9 +676,7 @@ impl Session {
             let tail = cmd.cdb.get(16..).unwrap_or(&[]);
             // AHSLength counts the reserved byte and the CDB's tail.
             let ahs_length = u16::try_from(1 + tail.len()).map_err(|_| unsupported)?;
-            let ahs = buf
-                .get_mut(BHS_LEN..BHS_LEN + ahs_len)
-                .ok_or(unsupported)?;
+            let ahs = buf.get_mut(BHS_LEN..BHS_LEN + ahs_len).ok_or(unsupported)?;
             ahs.fill(0);
             let (hdr, rest) = ahs.split_at_mut(4);
             hdr.copy_from_slice(&[
@@ -833,17 +846,27 @@ impl Session {
     ///
     /// [`TmfRefused`].
     pub fn abort_task(&mut self, now: Millis, tmf: Tag, victim: Tag) -> Result<(), TmfRefused> {
-        let found = self.tasks.iter().enumerate().find_map(|(i, t)| match t.kind {
-            TaskKind::Command {
-                tag,
-                lun,
-                cmd_sn: Some(_),
-            } if tag == victim => u16::try_from(i).ok().map(|s| (s, lun)),
-            _ => None,
-        });
+        let found = self
+            .tasks
+            .iter()
+            .enumerate()
+            .find_map(|(i, t)| match t.kind {
+                TaskKind::Command {
+                    tag,
+                    lun,
+                    cmd_sn: Some(_),
+                } if tag == victim => u16::try_from(i).ok().map(|s| (s, lun)),
+                _ => None,
+            });
         let (slot, lun) = found.ok_or(TmfRefused::UnknownTask)?;
         let itt = self.itt_of(slot);
-        self.queue_tmf(now, tmf, TaskMgmtFunction::AbortTask, lun, Some((slot, itt)))
+        self.queue_tmf(
+            now,
+            tmf,
+            TaskMgmtFunction::AbortTask,
+            lun,
+            Some((slot, itt)),
+        )
     }
 
     /// Queues LOGICAL UNIT RESET for `lun`. Its response comes through
@@ -948,8 +971,7 @@ impl Session {
             match self.ping {
                 Some((_, sent)) => {
                     let quiet_since = self.last_rx.max(sent);
-                    if now >= quiet_since.plus(Millis::from_secs(self.timeouts.noop_out_timeout))
-                    {
+                    if now >= quiet_since.plus(Millis::from_secs(self.timeouts.noop_out_timeout)) {
                         return Err(SessionFailure::PingTimeout);
                     }
                 }
@@ -1009,10 +1031,12 @@ impl Session {
                     return self.poll_transmit(now, buf);
                 };
                 let ref_cmd_sn = victim
-                    .and_then(|(vslot, _)| match self.tasks.get(usize::from(vslot))?.kind {
-                        TaskKind::Command { cmd_sn, .. } => cmd_sn,
-                        _ => None,
-                    })
+                    .and_then(
+                        |(vslot, _)| match self.tasks.get(usize::from(vslot))?.kind {
+                            TaskKind::Command { cmd_sn, .. } => cmd_sn,
+                            _ => None,
+                        },
+                    )
                     .unwrap_or(cmd_sn);
                 BhsRepr::TaskMgmtRequest(TaskMgmtRequestRepr {
                     immediate: true,
@@ -1137,8 +1161,14 @@ impl Session {
         match parsed.header {
             BhsRepr::ScsiResponse(rsp) => {
                 self.check_stat_sn(rsp.stat_sn)?;
-                let Some((slot, TaskKind::Command { tag, cmd_sn: Some(_), .. })) =
-                    self.lookup(rsp.itt)
+                let Some((
+                    slot,
+                    TaskKind::Command {
+                        tag,
+                        cmd_sn: Some(_),
+                        ..
+                    },
+                )) = self.lookup(rsp.itt)
                 else {
                     return Err(violation(Violation::UnknownItt(rsp.itt)));
                 };
@@ -1148,9 +1178,10 @@ impl Session {
                         Err(_) => (CommandOutcome::Failed(FailureKind::Protocol), &[][..]),
                     },
                     // The target failed the command: retry it.
-                    scsi_response::TARGET_FAILURE => {
-                        (CommandOutcome::Failed(FailureKind::ConnectionReset), &[][..])
-                    }
+                    scsi_response::TARGET_FAILURE => (
+                        CommandOutcome::Failed(FailureKind::ConnectionReset),
+                        &[][..],
+                    ),
                     _ => (CommandOutcome::Failed(FailureKind::Protocol), &[][..]),
                 };
                 let result = CommandResult {
@@ -1248,7 +1279,9 @@ impl Session {
                 self.handle_reject(now, &rej, parsed.data, events)?;
             }
             other => {
-                return Err(violation(Violation::UnexpectedOpcode(other.opcode().code())));
+                return Err(violation(Violation::UnexpectedOpcode(
+                    other.opcode().code(),
+                )));
             }
         }
         Ok(())
@@ -1340,7 +1373,8 @@ impl Session {
         let header = RejectRepr::rejected_header(data).ok();
         let target = header.as_ref().and_then(|h| {
             let itt = h.itt();
-            self.lookup(itt).map(|(slot, kind)| (slot, kind, h.opcode_code()))
+            self.lookup(itt)
+                .map(|(slot, kind)| (slot, kind, h.opcode_code()))
         });
         match target {
             Some((slot, TaskKind::Command { tag, .. }, code))
