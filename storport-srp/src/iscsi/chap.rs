@@ -224,6 +224,7 @@ mod tests {
         );
         let mut text = [0u8; 8];
         assert_eq!(encode_hex(&[0xab, 0x01, 0x2c], &mut text), Some("0xab012c"));
-        assert_eq!(encode_hex(&[1, 2, 3, 4], &mut text[..9]), None);
+        let mut small = [0u8; 9];
+        assert_eq!(encode_hex(&[1, 2, 3, 4], &mut small), None);
     }
 }

@@ -661,7 +661,11 @@ impl<'d> Login<'d> {
             .emit(buf, Padding::None)
             .map_err(|_| LoginError::BufferTooSmall)?;
         self.stage = stage;
-        self.asked_transit = transit;
+        if self.next != Next::ContinueReceive {
+            // Fetching the rest of a continued response keeps the
+            // transit the original request asked for.
+            self.asked_transit = transit;
+        }
         self.outstanding = true;
         self.answers_len = 0;
         Ok(len)
