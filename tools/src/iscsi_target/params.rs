@@ -414,10 +414,10 @@ impl ParamList {
                 if param.state.response_got {
                     return Err(NegotiationFailed(format!("{key} answered twice")));
                 }
-                if param.kind == Kind::List {
-                    if value.contains(',') || !list_pick(&param.value, value).is_some() {
-                        return Err(NegotiationFailed(format!("bad answer {key}={value}")));
-                    }
+                if param.kind == Kind::List
+                    && (value.contains(',') || list_pick(&param.value, value).is_none())
+                {
+                    return Err(NegotiationFailed(format!("bad answer {key}={value}")));
                 }
                 param.value = value.clone();
                 param.state.response_got = true;
@@ -464,10 +464,8 @@ impl ParamList {
         for param in &mut self.params {
             match param.name {
                 "MaxConnections" if param.value != "1" => param.value = "1".into(),
-                "FirstBurstLength" => {
-                    if parse_num(&param.value).unwrap_or(0) > max_burst {
-                        param.value = max_burst.to_string();
-                    }
+                "FirstBurstLength" if parse_num(&param.value).unwrap_or(0) > max_burst => {
+                    param.value = max_burst.to_string();
                 }
                 _ => {}
             }

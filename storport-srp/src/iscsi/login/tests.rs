@@ -287,7 +287,8 @@ fn continued_responses_are_reassembled() {
 fn header_checks() {
     let d = desc();
     let v = |p| Err(LoginError::Protocol(p));
-    let cases: [(fn(&mut Rsp), Result<LoginStep, LoginError>); 6] = [
+    type Case = (fn(&mut Rsp), Result<LoginStep, LoginError>);
+    let cases: [Case; 6] = [
         (|r| r.repr.itt = 0x78, v(ProtocolViolation::IttMismatch)),
         (|r| r.repr.isid = [0; 6], v(ProtocolViolation::IsidMismatch)),
         (|r| r.repr.version_active = 1, v(ProtocolViolation::Version)),
