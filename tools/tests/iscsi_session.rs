@@ -1468,3 +1468,31 @@ fn prepared_but_discarded_commands_leave_no_cmdsn_hole() {
     assert_eq!(h.rec.done.len(), 1);
     assert_eq!(h.target.counters().out_of_window, 0);
 }
+
+#[test]
+fn target_returns_the_sense_it_is_told_to() {
+    use kverbs_tools::scsi_target::FaultRule;
+    use storport_srp::scsi::{AdditionalSense, SenseKey};
+    let mut h = Harness::new(
+        IscsiTarget::new(TargetConfig::lio(TARGET), scsi_target()),
+        description(""),
+    );
+    h.target.scsi().faults().push(FaultRule::sense(
+        SenseKey::MediumError,
+        AdditionalSense::UNRECOVERED_READ_ERROR,
+    ));
+    h.submit(
+        Tag(1),
+        &rw10(false, 0, 1),
+        DataDirection::In,
+        vec![],
+        512,
+        0,
+    )
+    .unwrap();
+    h.deliver_all().unwrap();
+    let (_, outcome, _, sense) = &h.rec.done[0];
+    assert_eq!(*outcome, CommandOutcome::Scsi(2));
+    assert_eq!(sense[2] & 0x0F, 0x03, "MEDIUM ERROR");
+    assert_eq!((sense[12], sense[13]), (0x11, 0x00));
+}

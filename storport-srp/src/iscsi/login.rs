@@ -633,6 +633,10 @@ impl<'d> Login<'d> {
     ///
     /// [`LoginError::RequestOutstanding`] while a request is unanswered or
     /// after the login ended, [`LoginError::BufferTooSmall`].
+    ///
+    /// # IRQL
+    ///
+    /// <= DISPATCH_LEVEL; never blocks, never allocates.
     pub fn build_request(&mut self, buf: &mut [u8]) -> Result<usize, LoginError> {
         if self.outstanding || self.finished {
             return Err(LoginError::RequestOutstanding);
@@ -784,6 +788,10 @@ impl<'d> Login<'d> {
     /// # Errors
     ///
     /// A [`LoginError`]; the login is over.
+    ///
+    /// # IRQL
+    ///
+    /// <= DISPATCH_LEVEL; never blocks, never allocates.
     pub fn handle_response(&mut self, pdu: &[u8]) -> Result<LoginStep, LoginError> {
         if !self.outstanding || self.finished {
             return Err(LoginError::Unexpected);

@@ -65,7 +65,7 @@ use crate::miniport::transport::{
     CommandOutcome, CommandResult, FailureKind, ImmediateData, PrepareError, Residual, Tag,
     TmfRefused, TmfResponse,
 };
-use crate::storport::DataDirection;
+use crate::storport::{DataDirection, QueueAction};
 use crate::wire::iscsi::scsi::response as scsi_response;
 use crate::wire::iscsi::{
     AHS_EXTENDED_CDB, AsyncEvent, BHS_LEN, BhsRepr, DataOutRepr, IscsiPdu, LogoutReason,
@@ -367,6 +367,16 @@ fn map_tmf_response(code: TaskMgmtResponseCode) -> TmfResponse {
     }
 }
 
+/// The iSCSI task attribute for a StorPort queue action.
+#[must_use]
+pub const fn task_attr(action: QueueAction) -> TaskAttr {
+    match action {
+        QueueAction::Simple => TaskAttr::Simple,
+        QueueAction::HeadOfQueue => TaskAttr::HeadOfQueue,
+        QueueAction::Ordered => TaskAttr::Ordered,
+    }
+}
+
 /// The unsolicited data rules (RFC 7143 §3.2.4.2): how many bytes of a
 /// write go inside the command PDU, and how many the initiator sends in
 /// all before the target asks (immediate plus Data-Out PDUs).
@@ -552,6 +562,10 @@ impl Session {
     /// [`SessionEvents::window_open`] follows), [`PrepareError::Blocked`]
     /// (logout pending), [`PrepareError::Failed`] with
     /// [`FailureKind::Unsupported`] (CDB length, direction, buffer).
+    ///
+    /// # IRQL
+    ///
+    /// <= DISPATCH_LEVEL; never blocks, never allocates.
     pub fn prepare_command(
         &mut self,
         now: Millis,
@@ -706,6 +720,10 @@ impl Session {
     ///
     /// [`PrepareError::Failed`] if `buf` is too small or the data cannot
     /// be read.
+    ///
+    /// # IRQL
+    ///
+    /// <= DISPATCH_LEVEL; never blocks, never allocates.
     pub fn build_data_out(
         &self,
         prepared: &PreparedCommand,
@@ -749,6 +767,10 @@ impl Session {
     /// # Errors
     ///
     /// [`PostError`]: nothing may be sent; the command is gone.
+    ///
+    /// # IRQL
+    ///
+    /// <= DISPATCH_LEVEL; never blocks, never allocates.
     pub fn post_command(
         &mut self,
         now: Millis,
@@ -845,6 +867,10 @@ impl Session {
     /// # Errors
     ///
     /// [`TmfRefused`].
+    ///
+    /// # IRQL
+    ///
+    /// <= DISPATCH_LEVEL; never blocks, never allocates.
     pub fn abort_task(&mut self, now: Millis, tmf: Tag, victim: Tag) -> Result<(), TmfRefused> {
         let found = self
             .tasks
@@ -876,6 +902,10 @@ impl Session {
     /// # Errors
     ///
     /// [`TmfRefused`].
+    ///
+    /// # IRQL
+    ///
+    /// <= DISPATCH_LEVEL; never blocks, never allocates.
     pub fn reset_lun(&mut self, now: Millis, tmf: Tag, lun: Lun) -> Result<(), TmfRefused> {
         self.queue_tmf(now, tmf, TaskMgmtFunction::LogicalUnitReset, lun, None)
     }
@@ -945,6 +975,10 @@ impl Session {
     /// # Errors
     ///
     /// A [`SessionFailure`].
+    ///
+    /// # IRQL
+    ///
+    /// <= DISPATCH_LEVEL; never blocks, never allocates.
     pub fn handle_timeout(&mut self, now: Millis) -> Result<(), SessionFailure> {
         if let Some(deadline) = self.logout_deadline {
             if now >= deadline {
@@ -997,7 +1031,20 @@ impl Session {
     /// into `buf` and returns its length, `None` when nothing is queued.
     /// Control PDUs are immediate: they carry the next CmdSN without
     /// taking it.
+    ///
+    /// # IRQL
+    ///
+    /// <= DISPATCH_LEVEL; never blocks, never allocates.
     pub fn poll_transmit(&mut self, now: Millis, buf: &mut [u8]) -> Option<usize> {
+        // Skip TMFs that ended before they were sent (terminate_all).
+        while let Some(Control::Tmf { slot }) = self.control.front().copied() {
+            match self.tasks.get(usize::from(slot)).map(|t| t.kind) {
+                Some(TaskKind::Tmf { .. }) => break,
+                _ => {
+                    let _ = self.control.pop_front();
+                }
+            }
+        }
         let control = *self.control.front()?;
         let header = match control {
             Control::NopReply { ttt, lun } => BhsRepr::NopOut(NopOutRepr {
@@ -1026,9 +1073,7 @@ impl Session {
                     ..
                 }) = self.tasks.get(usize::from(slot)).map(|t| t.kind)
                 else {
-                    // The TMF ended before it was sent (terminate_all).
-                    let _ = self.control.pop_front();
-                    return self.poll_transmit(now, buf);
+                    return None;
                 };
                 let ref_cmd_sn = victim
                     .and_then(
@@ -1147,6 +1192,10 @@ impl Session {
     /// # Errors
     ///
     /// A [`SessionFailure`]: the engine drops the connection.
+    ///
+    /// # IRQL
+    ///
+    /// <= DISPATCH_LEVEL; never blocks, never allocates.
     pub fn handle_pdu<E: SessionEvents>(
         &mut self,
         now: Millis,
