@@ -483,3 +483,47 @@ fn chap_challenges_checked() {
     let hex = chap::encode_hex(&expected, &mut hex).unwrap();
     assert_eq!(text_of(&buf, len), format!("CHAP_N=u\0CHAP_R={hex}\0"));
 }
+
+mod total {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+
+        /// Any Login Response bytes get a defined outcome, never a panic.
+        #[test]
+        fn handle_response_is_total(
+            mut bytes in prop::collection::vec(any::<u8>(), 48..300),
+            text in prop::collection::vec(prop::sample::select(vec![
+                "AuthMethod=None\0", "AuthMethod=CHAP\0", "CHAP_A=5\0", "CHAP_I=7\0",
+                "CHAP_C=0x0102\0", "MaxBurstLength=512\0", "RDMAExtensions=Yes\0",
+                "X=1\0", "TargetPortalGroupTag=1\0", "=\0", "a=b\0",
+            ]), 0..8),
+        ) {
+            let d = desc();
+            let mut login = Login::new(&d, start(), Millis(0));
+            let mut buf = [0u8; 4096];
+            login.build_request(&mut buf).unwrap();
+            bytes[0] = 0x23;
+            bytes.truncate(48);
+            // Mostly a response to our request, so the checks go deep.
+            if bytes[2] & 3 != 0 {
+                bytes[8..14].copy_from_slice(&[0x80, 0, 0, 0, 0, 1]);
+                bytes[16..20].copy_from_slice(&0x77u32.to_be_bytes());
+                bytes[3] = 0;
+                bytes[36] = 0;
+                bytes[1] &= 0x87;
+            }
+            for t in &text {
+                bytes.extend_from_slice(t.as_bytes());
+            }
+            let len = (bytes.len() - 48) as u32;
+            bytes[4] = 0;
+            bytes[5..8].copy_from_slice(&len.to_be_bytes()[1..]);
+            if let Ok(LoginStep::Send) = login.handle_response(&bytes) {
+                prop_assert!(login.build_request(&mut buf).is_ok());
+            }
+        }
+    }
+}
