@@ -62,6 +62,7 @@ facade!(self::mingw => {
     SIZE_T, HANDLE, LARGE_INTEGER, PHYSICAL_ADDRESS, UNICODE_STRING, PCUNICODE_STRING,
     _POOL_TYPE, _INTERFACE_TYPE, PASSIVE_LEVEL, APC_LEVEL, DISPATCH_LEVEL,
     KSPIN_LOCK, KLOCK_QUEUE_HANDLE, KDPC, KTIMER, KEVENT, FAST_MUTEX, PROCESSOR_NUMBER,
+    ALL_PROCESSOR_GROUPS, IO_NO_INCREMENT,
     PKDEFERRED_ROUTINE, PIO_WORKITEM, PIO_WORKITEM_ROUTINE,
     _EVENT_TYPE, _TIMER_TYPE, _KWAIT_REASON, _MODE, _WORK_QUEUE_TYPE,
     OBJECT_ATTRIBUTES, KEY_BASIC_INFORMATION, KEY_VALUE_PARTIAL_INFORMATION,
@@ -84,7 +85,8 @@ facade!(self::mingw => {
     IoAllocateWorkItem, IoQueueWorkItem, IoFreeWorkItem,
     KeInitializeTimerEx, KeSetTimer, KeCancelTimer,
     KeInitializeEvent, KeSetEvent, KeClearEvent, KeWaitForSingleObject,
-    ExAcquireFastMutex, ExReleaseFastMutex,
+    ExAcquireFastMutexUnsafe, ExReleaseFastMutexUnsafe, KeEnterCriticalRegion,
+    KeLeaveCriticalRegion,
     KeStallExecutionProcessor, KeDelayExecutionThread, KeQueryPerformanceCounter,
     ZwOpenKey, ZwEnumerateKey, ZwQueryValueKey, ZwClose,
 });

@@ -1411,11 +1411,13 @@ pub struct _FILE_GET_QUOTA_INFORMATION {
 }
 pub const OBJ_CASE_INSENSITIVE: u32 = 64;
 pub const OBJ_KERNEL_HANDLE: u32 = 512;
+pub const ALL_PROCESSOR_GROUPS: u32 = 65535;
 pub const DPFLTR_ERROR_LEVEL: u32 = 0;
 pub const DPFLTR_INFO_LEVEL: u32 = 3;
 pub const REG_SZ: u32 = 1;
 pub const REG_DWORD: u32 = 4;
 pub const KEY_READ: u32 = 131097;
+pub const IO_NO_INCREMENT: u32 = 0;
 pub const PASSIVE_LEVEL: u32 = 0;
 pub const APC_LEVEL: u32 = 1;
 pub const DISPATCH_LEVEL: u32 = 2;
@@ -6945,6 +6947,7 @@ unsafe extern "system" {
         Alertable: BOOLEAN,
         Interval: PLARGE_INTEGER,
     ) -> NTSTATUS;
+    pub fn KeEnterCriticalRegion();
     pub fn KeInitializeDpc(
         Dpc: PRKDPC,
         DeferredRoutine: PKDEFERRED_ROUTINE,
@@ -6953,6 +6956,7 @@ unsafe extern "system" {
     pub fn KeInitializeTimerEx(Timer: PKTIMER, Type: TIMER_TYPE);
     pub fn KeInsertQueueDpc(Dpc: PRKDPC, SystemArgument1: PVOID, SystemArgument2: PVOID)
     -> BOOLEAN;
+    pub fn KeLeaveCriticalRegion();
     pub fn KeQueryPerformanceCounter(PerformanceFrequency: PLARGE_INTEGER) -> LARGE_INTEGER;
     pub fn KeRemoveQueueDpc(Dpc: PRKDPC) -> BOOLEAN;
     pub fn KeSetEvent(Event: PRKEVENT, Increment: KPRIORITY, Wait: BOOLEAN) -> LONG;
@@ -6988,8 +6992,8 @@ unsafe extern "system" {
         QueueType: WORK_QUEUE_TYPE,
         Context: PVOID,
     );
-    pub fn ExAcquireFastMutex(FastMutex: PFAST_MUTEX);
-    pub fn ExReleaseFastMutex(FastMutex: PFAST_MUTEX);
+    pub fn ExAcquireFastMutexUnsafe(FastMutex: PFAST_MUTEX);
+    pub fn ExReleaseFastMutexUnsafe(FastMutex: PFAST_MUTEX);
     pub fn ExAllocatePoolWithTag(PoolType: POOL_TYPE, NumberOfBytes: SIZE_T, Tag: ULONG) -> PVOID;
     pub fn ExFreePoolWithTag(P: PVOID, Tag: ULONG);
     pub fn DbgPrintEx(ComponentId: ULONG, Level: ULONG, Format: PCSTR, ...) -> ULONG;

@@ -55,6 +55,9 @@ pub mod host;
 #[cfg(all(loom, feature = "std"))]
 pub mod loom;
 
+#[cfg(all(feature = "nt", not(loom)))]
+pub mod nt;
+
 /// A DPC or timer routine: runs at `DISPATCH_LEVEL` with a [`Dispatch`] token.
 pub type DpcRoutine = Box<dyn for<'a> Fn(&Dispatch<'a>) + Send + Sync>;
 
