@@ -16,15 +16,15 @@
 )]
 
 use super::mingw::{
-    _SCSI_NOTIFICATION_TYPE, ACCESS_RANGE, PHW_ADAPTER_CONTROL, PHW_ADAPTER_STATE,
-    PHW_DMA_STARTED, PHW_INITIALIZE, PHW_INTERRUPT, PHW_RESET_BUS, PHW_STARTIO,
+    _SCSI_NOTIFICATION_TYPE, ACCESS_RANGE, PHW_ADAPTER_CONTROL, PHW_ADAPTER_STATE, PHW_DMA_STARTED,
+    PHW_INITIALIZE, PHW_INTERRUPT, PHW_RESET_BUS, PHW_STARTIO,
 };
+use core::mem::{offset_of, size_of};
 use nt_sys::ctypes::c_char;
 use nt_sys::mingw::{
     _INTERFACE_TYPE, BOOLEAN, KDPC, KSPIN_LOCK, PHYSICAL_ADDRESS, PUCHAR, PVOID, UCHAR, ULONG,
     USHORT,
 };
-use core::mem::{offset_of, size_of};
 use static_assertions::const_assert_eq;
 
 // ---------------------------------------------------------------------------
@@ -664,8 +664,7 @@ pub const ExtFunctionFreeTimer: STORPORT_FUNCTION_CODE = 34;
 
 /// `HW_TIMER_EX` (nf-storport-storportrequesttimer): a StorPort timer's
 /// callback.
-pub type PHW_TIMER_EX =
-    Option<unsafe extern "system" fn(DeviceExtension: PVOID, Context: PVOID)>;
+pub type PHW_TIMER_EX = Option<unsafe extern "system" fn(DeviceExtension: PVOID, Context: PVOID)>;
 
 /// `SrbExDataTypePnP` (srb.h's `SRBEXDATATYPE`: `SrbExDataTypeWmi = 0x60`,
 /// then `Power`, then `PnP`).

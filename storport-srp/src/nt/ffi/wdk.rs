@@ -14,11 +14,10 @@ pub use wdk_sys::storage::{
     StorPortReady, StorPortResume, StorPortResumeDevice,
 };
 pub use wdk_sys::{
-    _SCSI_ADAPTER_CONTROL_STATUS, _SCSI_ADAPTER_CONTROL_TYPE,
-    _SCSI_NOTIFICATION_TYPE, _SCSI_NOTIFICATION_TYPE::EnablePassiveInitialization,
-    _SCSI_NOTIFICATION_TYPE::InitializeDpc, _SCSI_NOTIFICATION_TYPE::IssueDpc,
-    _SRBEXDATATYPE::SrbExDataTypePnP, _SRBEXDATATYPE::SrbExDataTypeScsiCdb16,
-    _STOR_SYNCHRONIZATION_MODEL::StorSynchronizeFullDuplex,
+    _SCSI_ADAPTER_CONTROL_STATUS, _SCSI_ADAPTER_CONTROL_TYPE, _SCSI_NOTIFICATION_TYPE,
+    _SCSI_NOTIFICATION_TYPE::EnablePassiveInitialization, _SCSI_NOTIFICATION_TYPE::InitializeDpc,
+    _SCSI_NOTIFICATION_TYPE::IssueDpc, _SRBEXDATATYPE::SrbExDataTypePnP,
+    _SRBEXDATATYPE::SrbExDataTypeScsiCdb16, _STOR_SYNCHRONIZATION_MODEL::StorSynchronizeFullDuplex,
     _STORPORT_FUNCTION_CODE::ExtFunctionFreeTimer,
     _STORPORT_FUNCTION_CODE::ExtFunctionGetDeviceObjects,
     _STORPORT_FUNCTION_CODE::ExtFunctionGetOriginalMdl,
