@@ -44,14 +44,16 @@
 //! * a DPC: every successful `KeInsertQueueDpc` is paired with one
 //!   reference, which the DPC routine consumes when it runs — or `cancel`
 //!   does when `KeRemoveQueueDpc` takes it back out. The pairing is exact
-//!   because a `KDPC` is queued at most once at a time;
+//!   because a `KDPC` is queued at most once at a time. Dropping the handle
+//!   leaves a queued run alone: it holds its reference, and routines hold
+//!   only `Weak`s to their owners;
 //! * a work item: likewise, one reference per `IoQueueWorkItem`, consumed
 //!   by the routine; the last reference frees the `IO_WORKITEM`, also from
 //!   inside its own routine (which the I/O manager allows);
 //! * a timer: the kernel queues the timer's DPC itself on expiry, and
 //!   coalesces two expiries into one DPC run, so per-expiry references
-//!   cannot be counted. Instead, dropping the handle cancels the timer,
-//!   takes its DPC out of the queue, and hands the storage to a work item
+//!   cannot be counted. Instead, dropping the handle cancels the timer and
+//!   hands the storage to a work item
 //!   (allocated with the timer) that runs `KeFlushQueuedDpcs` at
 //!   `PASSIVE_LEVEL` — after which no routine of the timer can be queued
 //!   or running — and only then frees it.
@@ -963,15 +965,6 @@ impl RawDpc for NtDpc {
     }
 }
 
-impl Drop for NtDpc {
-    fn drop(&mut self) {
-        // A queued run would outlive its owner for nothing (its routine
-        // holds a `Weak` to the owner); take it back out. A running one
-        // keeps the storage alive by its reference.
-        self.cancel();
-    }
-}
-
 // ---------------------------------------------------------------------------
 // Work item.
 // ---------------------------------------------------------------------------
@@ -1192,10 +1185,11 @@ impl RawTimer for NtTimer {
 impl Drop for NtTimer {
     fn drop(&mut self) {
         let inner = self.inner();
+        // No expiry after this; an expiry whose DPC is already queued still
+        // runs once (routines hold only `Weak`s to their owners), before the
+        // reaper's flush returns.
         // SAFETY: an initialised timer; drops happen at <= DISPATCH_LEVEL.
         unsafe { KeCancelTimer(inner.ktimer.get()) };
-        // SAFETY: an initialised DPC; removing a queued expiry saves a run.
-        unsafe { KeRemoveQueueDpc(inner.kdpc.get()) };
         // The block goes to the reaper; no handle refers to it any more.
         // SAFETY: the timer's own, never queued work item; <= DISPATCH_LEVEL;
         // the routine frees the block after flushing DPCs.
