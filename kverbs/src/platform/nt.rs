@@ -384,9 +384,9 @@ pub mod pool {
         // `offset <= align`, so `aligned..aligned + size` and the 8 bytes
         // below it lie inside the `total`-byte block.
         let user = block.wrapping_add(offset);
-        let back_pointer = user.wrapping_sub(8).cast::<usize>();
+        let back_pointer = user.wrapping_sub(8).cast::<*mut u8>();
         // SAFETY: `aligned - 8` is 8-aligned and inside the block (above).
-        unsafe { back_pointer.write(addr) };
+        unsafe { back_pointer.write(block) };
         user
     }
 
@@ -399,10 +399,10 @@ pub mod pool {
             // SAFETY: the block itself (caller contract).
             unsafe { pool.free(ptr) };
         } else {
-            let back_pointer = ptr.wrapping_sub(8).cast::<usize>();
-            // SAFETY: `alloc_aligned` stored the block address just below
+            let back_pointer = ptr.wrapping_sub(8).cast::<*mut u8>();
+            // SAFETY: `alloc_aligned` stored the block pointer just below
             // `ptr`, 8-aligned, inside the block.
-            let block = unsafe { back_pointer.read() } as *mut u8;
+            let block = unsafe { back_pointer.read() };
             // SAFETY: the block `allocate` returned.
             unsafe { pool.free(block) };
         }

@@ -133,9 +133,9 @@ impl Block {
         true
     }
 
-    /// A pointer-sized field, as an address.
+    /// A pointer field.
     fn pointer(&self, at: usize) -> Option<NonNull<u8>> {
-        NonNull::new(self.read::<usize>(at)? as *mut u8)
+        NonNull::new(self.read::<*mut u8>(at)?)
     }
 }
 
