@@ -125,7 +125,10 @@ impl core::fmt::Write for Line {
 
 /// Records one fact as `SmokeRun\<key> = <text>`.
 fn note(key: &str, args: core::fmt::Arguments<'_>) {
-    let mut line = Line { buf: [0; 240], len: 0 };
+    let mut line = Line {
+        buf: [0; 240],
+        len: 0,
+    };
     let _ = line.write_fmt(args);
     let text = core::str::from_utf8(&line.buf[..line.len]).unwrap_or("?");
     let path = wide::<32>("kvsrp\\SmokeRun");
@@ -490,7 +493,15 @@ pub unsafe extern "system" fn StorPortInitialize(
     // SAFETY: the driver object DriverEntry got; an unnamed controller
     // device stands in for the adapter FDO StorPort would create.
     let created = unsafe {
-        IoCreateDevice(driver, 0, core::ptr::null_mut(), FILE_DEVICE_CONTROLLER, 0, 0, &mut device)
+        IoCreateDevice(
+            driver,
+            0,
+            core::ptr::null_mut(),
+            FILE_DEVICE_CONTROLLER,
+            0,
+            0,
+            &mut device,
+        )
     };
     if created != STATUS_SUCCESS || device.is_null() {
         note("00-error", format_args!("IoCreateDevice {created:#x}"));
@@ -585,13 +596,23 @@ pub unsafe extern "system" fn StorPortInitialize(
     // SAFETY: as above.
     unsafe { start_io("07-inquiry-extended", hw, ex_ptr, &extended_inquiry(1)) };
     // SAFETY: as above.
-    unsafe { start_io("08-inquiry-out-of-range", hw, classic_ptr, &classic_inquiry(200)) };
+    unsafe {
+        start_io(
+            "08-inquiry-out-of-range",
+            hw,
+            classic_ptr,
+            &classic_inquiry(200),
+        )
+    };
     if let Some(reset) = hw.HwResetBus {
         // SAFETY: the miniport's HwResetBus.
         let ok = unsafe { reset(ext, 0) };
         note(
             "09-reset-bus",
-            format_args!("ret={ok} last_log={:#010x}", LAST_LOG.load(Ordering::SeqCst)),
+            format_args!(
+                "ret={ok} last_log={:#010x}",
+                LAST_LOG.load(Ordering::SeqCst)
+            ),
         );
     }
     if let Some(control) = hw.HwAdapterControl {
@@ -616,20 +637,46 @@ pub unsafe extern "system" fn StorPortInitialize(
         let s = |i| unsafe { entries.add(i).read() };
         note(
             "10-adapter-control",
-            format_args!("ret={ret} supported={}{}{}{}{}", s(0), s(1), s(2), s(3), s(4)),
+            format_args!(
+                "ret={ret} supported={}{}{}{}{}",
+                s(0),
+                s(1),
+                s(2),
+                s(3),
+                s(4)
+            ),
         );
     }
     // Stop: the core queues teardown to its worker through a DPC, which
     // logs "adapter stopped" when done (log entry 5, after the bus reset's).
     // SAFETY: the registration.
-    unsafe { adapter_control("11-stop-adapter", hw, _SCSI_ADAPTER_CONTROL_TYPE::ScsiStopAdapter, 5) };
+    unsafe {
+        adapter_control(
+            "11-stop-adapter",
+            hw,
+            _SCSI_ADAPTER_CONTROL_TYPE::ScsiStopAdapter,
+            5,
+        )
+    };
     // Restart: the same way back, "adapter restarted" (entry 6).
     // SAFETY: the registration.
     unsafe {
-        adapter_control("12-restart-adapter", hw, _SCSI_ADAPTER_CONTROL_TYPE::ScsiRestartAdapter, 6)
+        adapter_control(
+            "12-restart-adapter",
+            hw,
+            _SCSI_ADAPTER_CONTROL_TYPE::ScsiRestartAdapter,
+            6,
+        )
     };
     // SAFETY: as for the first INQUIRYs.
-    unsafe { start_io("13-inquiry-after-restart", hw, classic_ptr, &classic_inquiry(1)) };
+    unsafe {
+        start_io(
+            "13-inquiry-after-restart",
+            hw,
+            classic_ptr,
+            &classic_inquiry(1),
+        )
+    };
     if let Some(free) = hw.HwFreeAdapterResources {
         // SAFETY: the miniport's teardown, last call.
         unsafe { free(ext) };

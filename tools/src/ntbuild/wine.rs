@@ -292,6 +292,83 @@ pub fn smoke(w: &Wine, fake: &Path) -> Result<()> {
     e.finish("smoke run")
 }
 
+/// What the kverbs NT platform probe (`tools/nt-probe`) must record under
+/// Debian's Wine 8: `1` where the primitive behaved as the Windows kernel
+/// documents. Two values record where Wine 8 differs from Windows, pinned
+/// so that a change in Wine is noticed:
+/// * `06-dpc ran=0`: Wine's `KeInsertQueueDpc` accepts the DPC but never
+///   runs it (on Windows, `ran=1`);
+/// * `07-timer rearm_was_armed=1`: after the timer fired, Wine's
+///   `KeSetTimer` still reports it as set (on Windows it returns FALSE, so
+///   `rearm_was_armed=0`).
+///
+/// Not probed (Wine cannot run them): the IRQL read (`cr8`), per-processor
+/// DPC targeting, `KeStallExecutionProcessor`.
+pub const EXPECTED_PROBE: &[(&str, &str)] = &[
+    ("01-spin-locks", "ok=1"),
+    (
+        "02-events",
+        "timeout=1 set=1 auto_clear=1 notification=1 clear=1",
+    ),
+    ("03-fast-mutex", "ok=1"),
+    ("04-time", "frequency=1 delay_measured=1"),
+    (
+        "05-work-item",
+        "queued=1 ran=1 requeued=1 ran_after_drop=1 runs=2",
+    ),
+    ("06-dpc", "queued=1 ran=0"),
+    (
+        "07-timer",
+        "was_armed=0 fired=1 not_early=1 rearm_was_armed=1 cancel=1 cancel_again=0 hits=1",
+    ),
+    ("08-pool", "aligned=1"),
+    ("09-processors", "at_least_one=1"),
+    ("10-flush-dpcs", "returned=1"),
+];
+
+/// Installs `kvprobe.sys` as a kernel service, starts it, and checks what
+/// it recorded about kverbs' NT platform.
+///
+/// # Errors
+/// The service fails to start or a recorded fact differs.
+pub fn probe(w: &Wine, image: &Path) -> Result<()> {
+    std::fs::copy(image, w.drivers_dir().join("kvprobe.sys"))?;
+    w.cmd(&[
+        "sc",
+        "create",
+        "kvprobe",
+        "type=",
+        "kernel",
+        "start=",
+        "demand",
+        "binPath=",
+        r"C:\windows\system32\drivers\kvprobe.sys",
+    ])
+    .context("sc create kvprobe")?;
+    let started = w.cmd(&["net", "start", "kvprobe"]);
+    let reg = w
+        .reg_query(r"HKLM\System\CurrentControlSet\Services\kvprobe\Probe")
+        .unwrap_or_default();
+    let mut e = Expect::default();
+    if let Err(err) = started {
+        e.0.push(format!("net start kvprobe failed: {err:#}"));
+    }
+    for (name, want) in EXPECTED_PROBE {
+        let got = value(&reg, r"\Probe", name).map(|(_, d)| d.as_str());
+        println!("  {name}: {}", got.unwrap_or("(missing)"));
+        e.eq(name, got, want);
+    }
+    for (key, values) in &reg {
+        for (name, (_, data)) in values {
+            if key.ends_with("Probe") && !EXPECTED_PROBE.iter().any(|(n, _)| n == name) {
+                e.0.push(format!("unexpected probe record {name}: {data}"));
+            }
+        }
+    }
+    let _ = w.cmd(&["net", "stop", "kvprobe"]);
+    e.finish("NT platform probe")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
