@@ -26,7 +26,7 @@
 //! of free functions: the host backend keeps per-instance state (its DPC
 //! threads, worker pool and the verifier's violation log), so tests running in
 //! parallel in one binary each get their own verifier. The NT backend
-//! ([`nt::NtPlatform`], feature `nt`) carries only the device object its work
+//! (`nt::NtPlatform`, feature `nt`) carries only the device object its work
 //! items are queued against. Functions that need no
 //! instance on either backend (`current_irql`, `now`) are associated
 //! functions, so [`crate::irql`] can check tokens without a platform value.
