@@ -442,9 +442,13 @@ fn several_channels_at_once() {
             }
         }
         assert_eq!(env.with_target(|t| t.live_channels()), 3);
+        // The initiator's DREQs end the target's channels.
         for conn in &conns {
             conn.close(p);
         }
+        env.wait("every channel closed", || {
+            env.with_target(|t| t.channels().is_empty() && t.counters().channels_closed == 3)
+        });
     });
 }
 
@@ -479,4 +483,47 @@ fn stop_with_commands_outstanding() {
         mr.dereg(p).unwrap();
         conn.close(p);
     });
+}
+
+#[test]
+fn a_restarted_target_serves_the_same_disk() {
+    run(config(), |env, p| {
+        let conn = env.connect(p);
+        let data = pattern(4096, 0x71);
+        assert_eq!(conn.write10(1, 5, 4096, &data, p).status, 0);
+        let scsi = env.with_target(|t| std::sync::Arc::clone(t.scsi()));
+        env.stop_target(p);
+        conn.close(p);
+        // Everything of the first target is gone (its CM port too), so a
+        // new one can start on the same device.
+        let again =
+            kverbs_tools::srp_target::SrpTarget::start_with_scsi(&env.tnode.dev, scsi, config(), p)
+                .unwrap();
+        *env.target.lock().unwrap() = Some(again);
+        let conn = env.connect(p);
+        assert_eq!(conn.read10(1, 5, 1, 4096, p).1, data);
+        conn.close(p);
+    });
+}
+
+#[test]
+fn start_on_hca_opens_and_closes_its_own_device() {
+    use hca_lowlevel::sim::{ExecMode, Fabric, FabricConfig, HcaConfig};
+    let platform = kverbs::platform::host::HostPlatform::new();
+    let fabric = Fabric::new(FabricConfig {
+        mode: ExecMode::Thread,
+        seed: 1,
+    });
+    let hca = fabric.add_hca(HcaConfig::new(TARGET_IP));
+    platform.run_passive(|p| {
+        let target =
+            kverbs_tools::srp_target::SrpTarget::start_on_hca(&platform, hca, config(), p).unwrap();
+        // The service GUID defaults to the HCA's node GUID.
+        assert_eq!(target.service_guid(), 0x0200_00ff_fe00_0000 | 0x0a00_0002);
+        assert_eq!(target.target_port_id().guid, target.service_guid());
+        assert_eq!(target.scsi().lun_indices().count(), 2);
+        target.stop(p).unwrap();
+    });
+    drop(fabric);
+    platform.finish();
 }

@@ -214,11 +214,11 @@ pub enum Misbehaviour {
     /// Answer commands as the rule says (CHECK CONDITION with a sense,
     /// a status, a delay), through the SCSI target's fault hooks.
     ScsiFault(FaultRule),
-    /// After `commands` more commands (over all channels), the channel that
-    /// receives the last one disconnects (CM DREQ) without answering
-    /// anything still outstanding.
+    /// Let `commands` more commands through (counted over all channels);
+    /// the channel that receives the next one disconnects (CM DREQ) at
+    /// once, answering neither it nor anything still outstanding.
     DisconnectAfter {
-        /// Commands to let through first (the last one is not answered).
+        /// Commands let through first.
         commands: u32,
     },
     /// A hostile RDMA attempt (one-shot, taken by the first channel where
