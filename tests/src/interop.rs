@@ -349,16 +349,16 @@ pub fn srpt_add_target(info: &TargetInfo, keys: &str) -> Result<String, SetupErr
 }
 
 impl Interop {
-    /// Builds the initiator on the VM's link (`link`: the socket taken
-    /// from the VM) and starts the adapter; waits for the target to be
-    /// live.
+    /// Builds the initiator on the VM's link (`wire`: the socket taken
+    /// from the VM, wrapped; it can serve one stack after another) and
+    /// starts the adapter; waits for the target to be live.
     ///
     /// # Errors
     /// [`SetupError`] naming what failed.
     pub fn start(
         platform: Hp,
         info: &TargetInfo,
-        link: UnixDatagram,
+        wire: Arc<LinkWire>,
         config: &InteropConfig,
         p: &Passive<'_>,
     ) -> Result<Interop, SetupError> {
@@ -367,7 +367,6 @@ impl Interop {
             mode: ExecMode::Thread,
             seed: 1,
         });
-        let wire = Arc::new(LinkWire::new(link));
         let mut link = LinkConfig::new(EthernetAddress(info.host_mac.0));
         link.pcap.clone_from(&config.pcap);
         let initiator = fabric

@@ -18,7 +18,10 @@
 //!    recovers when it is back, I/O held during the outage completes, and
 //!    I/O past `fast_io_fail_tmo` fails fast with a truthful status;
 //! 6. orderly logout (adapter stop: DREQ/DREP on every channel) and a
-//!    teardown that checks every request completed exactly once.
+//!    teardown that checks every request completed exactly once;
+//! 7. a new login with `ch_count=2`: srpt answers the first channel "no
+//!    channel" (so the logout really ended the old session there) and the
+//!    second "maintained", and verified I/O runs over both.
 //!
 //! The link's pcap is kept in the VM's run directory when the run fails
 //! (its path printed). Behind the `vm-tests` feature; CI step 62. It skips
@@ -31,15 +34,18 @@ use std::time::{Duration, Instant};
 use kverbs::irql::Passive;
 use kverbs::platform::host::VerifierAllocator;
 use kverbs_tests::interop::{
-    Interop, InteropConfig, PcapGuard, ShadowDisk, interop_platform, io_spec, wait_until, workload,
+    Interop, InteropConfig, LinkWire, PcapGuard, ShadowDisk, interop_platform, io_spec, wait_until,
+    workload,
 };
 use kverbs_tests::{Io, IoDone, Op, env_count};
 use kverbs_tools::vm::{PrepareOptions, Prepared, Vm, VmConfig, VmError, WorkDir, prepare};
 use md5::Digest as _;
+use std::sync::Arc;
 use storport_srp::miniport::transport::TargetState;
 use storport_srp::scsi::sense::{AdditionalSense, SenseKey, SenseRepr};
 use storport_srp::storport::host::{RequestOutcome, RequestSpec, SgShape};
 use storport_srp::storport::{Address, SrbFunction, SrbStatus};
+use storport_srp::wire::srp::MultiChannelResult;
 
 #[global_allocator]
 static ALLOCATOR: VerifierAllocator = VerifierAllocator;
@@ -143,7 +149,7 @@ fn srp_through_the_miniport_against_linux_srpt() {
     ));
     let pcap = vm.paths().dir.join("srp-interop.pcap");
     let mut guard = PcapGuard::new(pcap.clone());
-    let link = vm.take_link().expect("the link socket");
+    let wire = Arc::new(LinkWire::new(vm.take_link().expect("the link socket")));
     let srpt = info.srpt.clone().expect("srpt enabled");
     let tpg = format!("/sys/kernel/config/target/srpt/{}/tpgt_1", srpt.wwn);
 
@@ -155,7 +161,7 @@ fn srp_through_the_miniport_against_linux_srpt() {
         ..InteropConfig::default()
     };
     let stack = platform.run_passive(|p| {
-        let s = match Interop::start(platform.clone(), &info, link, &iconfig, p) {
+        let s = match Interop::start(platform.clone(), &info, wire.clone(), &iconfig, p) {
             Ok(s) => s,
             Err(e) => panic!(
                 "login through the miniport: {}\n{}",
@@ -259,6 +265,72 @@ fn srp_through_the_miniport_against_linux_srpt() {
         s
     });
     platform.run_passive(|p| stack.finish(p));
+
+    // ----------------------------------------------------------------
+    // 7. A new login with two channels (SRP multichannel): the first
+    //    channel's login finds no channel of ours left at the target (the
+    //    logout above really ended the session there), the second joins it.
+    let mc_pcap = vm.paths().dir.join("srp-interop-mc.pcap");
+    let mut mc_guard = PcapGuard::new(mc_pcap.clone());
+    let platform = interop_platform();
+    let mc_config = InteropConfig {
+        keys: format!("{},ch_count=2", iconfig.keys),
+        pcap: Some(mc_pcap),
+        ..iconfig.clone()
+    };
+    let stack = platform.run_passive(|p| {
+        let s = match Interop::start(platform.clone(), &info, wire.clone(), &mc_config, p) {
+            Ok(s) => s,
+            Err(e) => panic!("two-channel login: {}", e.0),
+        };
+        assert!(
+            wait_until(Duration::from_secs(30), || s.stats(p).live_channels == 2),
+            "second channel: {:?}",
+            s.stats(p)
+        );
+        let first = s.transport().negotiated(0, 0, p).expect("channel 0");
+        let second = s.transport().negotiated(0, 1, p).expect("channel 1");
+        assert_eq!(first.multichannel, MultiChannelResult::NoChannel, "{first:?}");
+        assert_eq!(second.multichannel, MultiChannelResult::Maintained, "{second:?}");
+        // The unit attention of the new nexus, then verified I/O spread
+        // over both channels.
+        let mut shadows = BTreeMap::new();
+        for l in 0..2u8 {
+            let (o, cap, uas) = command_in_ua(&s, l, |s, l, p| s.read_capacity(l, p), p);
+            assert_eq!(o.status.base(), SrbStatus::SUCCESS, "{o:?}");
+            let last = u64::from_be_bytes(cap[0..8].try_into().unwrap());
+            shadows.insert(l, ShadowDisk::new(512, last + 1));
+            if !uas.is_empty() {
+                eprintln!("[interop] two channels, LUN {l}: unit attentions {uas:?}");
+            }
+        }
+        let mut rng = fastrand::Rng::with_seed(0x5eed_0005);
+        let n = env_count("VM_SRP_MC_IOS", 400);
+        let mut ios = Vec::new();
+        for i in 0..n {
+            let lun = u8::try_from(i % 2).unwrap();
+            let sh = &shadows[&lun];
+            // Writes first, then a mix: what is read back was written here.
+            let ratio = if i < n / 2 { 0.0 } else { 0.5 };
+            ios.extend(workload(&mut rng, 1, lun, 512, sh.blocks(), 512, 256 << 10, ratio));
+        }
+        let t = Instant::now();
+        let done = s.run_ios(&ios, 32, &mut shadows, Duration::from_secs(300), p);
+        all_succeeded(&done, "two channels");
+        let checked = ios.iter().filter(|io| io.op == Op::Read).count();
+        let st = s.stats(p);
+        assert_eq!(st.transport_failures, 0, "{st:?}");
+        rec.note(format!(
+            "ch_count=2: channel 0 {:?}, channel 1 {:?}; {n} I/Os ({checked} reads) at depth 32 in {:.1} s",
+            first.multichannel,
+            second.multichannel,
+            t.elapsed().as_secs_f64()
+        ));
+        s.stop(p);
+        s
+    });
+    platform.run_passive(|p| stack.finish(p));
+    mc_guard.passed();
     // The VM saw nothing wrong from us.
     let dmesg = exec(&vm, "dmesg");
     for bad in ["ICRC", "icrc", "rxe: bad", "BUG", "WARNING"] {
@@ -383,8 +455,13 @@ fn data_phase(
     let st = s.stats(p);
     assert_eq!(st.transport_failures, 0, "{st:?}");
     rec.note(format!(
-        "engine: {} completed, {} direct, {} indirect, {} immediate writes, busy credit {}",
-        st.completed, st.direct_commands, st.indirect_commands, st.immediate_writes, st.busy_credit
+        "engine: {} completed, {} direct, {} indirect, {} immediate writes, busy credit {}, busy resources {}",
+        st.completed,
+        st.direct_commands,
+        st.indirect_commands,
+        st.immediate_writes,
+        st.busy_credit,
+        st.busy_resources
     ));
 
     // The fileio LUN's backing file, hashed in the VM.
