@@ -102,7 +102,8 @@ impl FrameSocket for LinkWire {
 }
 
 /// Deletes the link's pcap when dropped after [`PcapGuard::passed`]; keeps
-/// it (and prints where) otherwise, for whoever debugs the failure.
+/// it (and prints where) otherwise, for whoever debugs the failure, and
+/// always when `KV_INTEROP_KEEP_PCAP` is set.
 #[derive(Debug)]
 pub struct PcapGuard {
     path: PathBuf,
@@ -127,7 +128,9 @@ impl PcapGuard {
 
 impl Drop for PcapGuard {
     fn drop(&mut self) {
-        if self.passed {
+        if std::env::var_os("KV_INTEROP_KEEP_PCAP").is_some() {
+            eprintln!("link capture kept at {}", self.path.display());
+        } else if self.passed {
             let _ = std::fs::remove_file(&self.path);
         } else {
             eprintln!(
