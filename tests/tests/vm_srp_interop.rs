@@ -577,6 +577,7 @@ fn tmf_phase(
     // victim's outcome.
     let mut aborted = 0;
     let mut abort_failed = 0;
+    let (mut aborted_ops, mut late_ops) = (Vec::new(), Vec::new());
     for round in 0..3 {
         let ios = stripes(&mut rng, &shadows[&1], 1, 32, MIB);
         let ids = submit_all(s, &ios, p);
@@ -587,16 +588,18 @@ fn tmf_phase(
             .collect();
         let out = s.wait(&aborts, Duration::from_secs(120), p);
         s.wait(&ids, Duration::from_secs(120), p);
-        for (o, v) in out.iter().zip(&victims) {
+        for ((o, v), io) in out.iter().zip(&victims).zip(&ios[28..]) {
             let victim = s.model.outcome(*v).unwrap();
             match o.status.base() {
                 SrbStatus::SUCCESS => {
                     aborted += 1;
+                    aborted_ops.push(io.op);
                     assert_eq!(victim.status.base(), SrbStatus::ABORTED, "{victim:?}");
                     assert_eq!(victim.data_transfer_length, 0, "{victim:?}");
                 }
                 SrbStatus::ABORT_FAILED => {
                     abort_failed += 1;
+                    late_ops.push(io.op);
                     // Too late: the victim finished on its own.
                     assert_eq!(victim.status.base(), SrbStatus::SUCCESS, "{victim:?}");
                 }
@@ -615,7 +618,7 @@ fn tmf_phase(
     );
     let st = s.stats(p);
     rec.note(format!(
-        "ABORT TASK: {aborted} aborted, {abort_failed} too late; TMFs sent {}",
+        "ABORT TASK: {aborted} aborted {aborted_ops:?}, {abort_failed} too late {late_ops:?}; TMFs sent {}",
         st.tmfs_sent - sent_before
     ));
 
