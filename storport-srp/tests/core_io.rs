@@ -462,7 +462,7 @@ fn a_completed_request_is_reissued_and_every_completion_is_heard() {
         // The same request, now a READ elsewhere: the target's zeros come
         // back (the buffer is overwritten, not left holding the write).
         model
-            .reissue(id, &scsi::read10(100, 4), DataDirection::In, None)
+            .reissue(id, at, &scsi::read10(100, 4), DataDirection::In, None)
             .unwrap();
         model.pump(p);
         model.settle();
@@ -474,7 +474,7 @@ fn a_completed_request_is_reissued_and_every_completion_is_heard() {
         assert_eq!(model.data(id).unwrap(), vec![0u8; 4 * BLOCK]);
         // Again as a READ of what was written first.
         model
-            .reissue(id, &scsi::read10(8, 4), DataDirection::In, None)
+            .reissue(id, at, &scsi::read10(8, 4), DataDirection::In, None)
             .unwrap();
         model.pump(p);
         model.settle();
@@ -482,7 +482,13 @@ fn a_completed_request_is_reissued_and_every_completion_is_heard() {
         // As a WRITE with new data, then read back through a fresh request.
         let second = pattern(2, 4 * BLOCK);
         model
-            .reissue(id, &scsi::write10(8, 4), DataDirection::Out, Some(&second))
+            .reissue(
+                id,
+                at,
+                &scsi::write10(8, 4),
+                DataDirection::Out,
+                Some(&second),
+            )
             .unwrap();
         model.pump(p);
         model.settle();
@@ -496,13 +502,19 @@ fn a_completed_request_is_reissued_and_every_completion_is_heard() {
         // A status from the last completion does not stick: a failing
         // command, then a good one in the same request.
         model
-            .reissue(id, &scsi::read10(u32::MAX - 1, 4), DataDirection::In, None)
+            .reissue(
+                id,
+                at,
+                &scsi::read10(u32::MAX - 1, 4),
+                DataDirection::In,
+                None,
+            )
             .unwrap();
         model.pump(p);
         model.settle();
         assert_ne!(model.outcome(id).unwrap().status, SrbStatus::SUCCESS);
         model
-            .reissue(id, &scsi::read10(8, 4), DataDirection::In, None)
+            .reissue(id, at, &scsi::read10(8, 4), DataDirection::In, None)
             .unwrap();
         model.pump(p);
         model.settle();
@@ -522,13 +534,14 @@ fn a_completed_request_is_reissued_and_every_completion_is_heard() {
             .unwrap();
         assert!(
             model
-                .reissue(held, &scsi::read10(0, 1), DataDirection::In, None)
+                .reissue(held, at, &scsi::read10(0, 1), DataDirection::In, None)
                 .is_err()
         );
         assert!(
             model
                 .reissue(
                     id,
+                    at,
                     &scsi::write10(8, 4),
                     DataDirection::Out,
                     Some(&[0; 8 * BLOCK])
@@ -537,7 +550,7 @@ fn a_completed_request_is_reissued_and_every_completion_is_heard() {
         );
         assert!(
             model
-                .reissue(9999, &scsi::read10(0, 1), DataDirection::In, None)
+                .reissue(9999, at, &scsi::read10(0, 1), DataDirection::In, None)
                 .is_err()
         );
         model.issue(held).unwrap();

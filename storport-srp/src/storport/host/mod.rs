@@ -1394,7 +1394,8 @@ impl<M: HwMiniport<HostPort>> StorPortModel<M> {
     }
 
     /// Issues a completed request again — its data buffer (same size,
-    /// same physical layout) with a new CDB and direction, after writing
+    /// same physical layout) to `address` with a new CDB and direction,
+    /// after writing
     /// `data` (if given) at the start of the buffer. A benchmark keeps one
     /// request per outstanding I/O this way, as it keeps one buffer per
     /// outstanding I/O on Windows, instead of filling the model's table.
@@ -1407,6 +1408,7 @@ impl<M: HwMiniport<HostPort>> StorPortModel<M> {
     pub fn reissue(
         &self,
         request: u32,
+        address: Address,
         cdb: &[u8],
         direction: DataDirection,
         data: Option<&[u8]>,
@@ -1425,7 +1427,8 @@ impl<M: HwMiniport<HostPort>> StorPortModel<M> {
             if let Some(data) = data {
                 body.write(0, data).map_err(|_| ModelError::NotAvailable)?;
             }
-            body.rearm(cdb, direction);
+            body.rearm(address, cdb, direction);
+            inner.device = s.device_index(address);
             inner.state = RequestState::Queued;
             inner.done = None;
             inner.completions = 0;

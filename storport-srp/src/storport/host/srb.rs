@@ -267,9 +267,11 @@ impl SrbBody {
     }
 
     /// Makes a completed request's body new again for
-    /// [`super::StorPortModel::reissue`]: new CDB and direction, the whole
-    /// buffer to transfer, nothing set by the last completion left.
-    pub(crate) fn rearm(&mut self, cdb: &[u8], direction: DataDirection) {
+    /// [`super::StorPortModel::reissue`]: new address, CDB and direction,
+    /// the whole buffer to transfer, nothing set by the last completion
+    /// left.
+    pub(crate) fn rearm(&mut self, address: Address, cdb: &[u8], direction: DataDirection) {
+        self.address = address;
         let n = cdb.len().min(self.cdb.len());
         self.cdb = [0; 32];
         if let (Some(dst), Some(src)) = (self.cdb.get_mut(..n), cdb.get(..n)) {
