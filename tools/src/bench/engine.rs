@@ -19,7 +19,7 @@
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Barrier, Mutex, OnceLock, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
 use fastrand::Rng;
@@ -478,6 +478,45 @@ fn prefill(
     Ok(())
 }
 
+/// Where workers wait until every worker's queue is open and the clock
+/// has started (a barrier that cannot deadlock when a thread failed to
+/// start).
+#[derive(Default)]
+struct Gate {
+    /// Workers arrived, and whether the gate is open.
+    state: Mutex<(usize, bool)>,
+    changed: Condvar,
+}
+
+impl Gate {
+    fn arrive_and_wait(&self) {
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        state.0 += 1;
+        self.changed.notify_all();
+        while !state.1 {
+            state = self
+                .changed
+                .wait(state)
+                .unwrap_or_else(PoisonError::into_inner);
+        }
+    }
+
+    fn wait_for(&self, workers: usize) {
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        while state.0 < workers {
+            state = self
+                .changed
+                .wait(state)
+                .unwrap_or_else(PoisonError::into_inner);
+        }
+    }
+
+    fn open(&self) {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner).1 = true;
+        self.changed.notify_all();
+    }
+}
+
 /// The moments of one spec's run, fixed when every queue is open.
 #[derive(Debug, Clone, Copy)]
 struct Window {
@@ -518,8 +557,7 @@ struct Shared<'a> {
     cancel: &'a CancelToken,
     completed: AtomicU64,
     window: OnceLock<Window>,
-    opened: Barrier,
-    started: Barrier,
+    gate: Gate,
     seed: u64,
 }
 
@@ -554,8 +592,7 @@ fn run_spec(
         cancel,
         completed: AtomicU64::new(0),
         window: OnceLock::new(),
-        opened: Barrier::new(config.workers + 1),
-        started: Barrier::new(config.workers + 1),
+        gate: Gate::default(),
         seed: config.seed ^ (index as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15),
     };
     let first_error: Mutex<Option<BackendError>> = Mutex::new(None);
@@ -568,8 +605,9 @@ fn run_spec(
                     .spawn_scoped(scope, move || worker(shared, w))
             })
             .collect();
+        let spawned = handles.iter().filter(|h| h.is_ok()).count();
         // Every worker has opened its queue (or failed to): start the clock.
-        shared.opened.wait();
+        shared.gate.wait_for(spawned);
         let start = Instant::now();
         let window = Window {
             start,
@@ -577,7 +615,7 @@ fn run_spec(
             end: start + config.ramp + config.run,
         };
         let _ = shared.window.set(window);
-        shared.started.wait();
+        shared.gate.open();
         // Ramp-up, then the window, reporting progress.
         let mut cpu_start = None;
         let cpu_end;
@@ -722,8 +760,7 @@ fn worker(shared: &Shared<'_>, index: usize) -> Result<WorkerOutput, BackendErro
         depth,
         transfer_sizes: shared.spec.transfer_sizes(),
     });
-    shared.opened.wait();
-    shared.started.wait();
+    shared.gate.arrive_and_wait();
     let mut queue = queue?;
     let window = *shared
         .window

@@ -45,16 +45,19 @@ pub fn latency_histogram(result: &SpecResult, path: &Path) -> Result<(), String>
         .margin(12)
         .x_label_area_size(60)
         .y_label_area_size(70)
+        // A log scale: the rare slow I/Os of the tail stay visible beside
+        // the millions of fast ones.
         .build_cartesian_2d(
             0u32..u32::try_from(n).unwrap_or(u32::MAX),
-            0u64..max + max / 10 + 1,
+            (1f64..max as f64 * 2.0).log_scale(),
         )
         .map_err(err)?;
     chart
         .configure_mesh()
         .disable_x_mesh()
         .x_desc("latency, up to (bucket upper bound)")
-        .y_desc("I/Os")
+        .y_desc("I/Os (log scale)")
+        .y_label_formatter(&|v| format!("{v:.0}"))
         .x_labels(n.min(16))
         .x_label_formatter(&|i| labels.get(*i as usize).cloned().unwrap_or_default())
         .draw()
@@ -62,7 +65,10 @@ pub fn latency_histogram(result: &SpecResult, path: &Path) -> Result<(), String>
     chart
         .draw_series(buckets.iter().enumerate().map(|(i, b)| {
             let i = u32::try_from(i).unwrap_or(u32::MAX);
-            Rectangle::new([(i, 0), (i + 1, b.count)], BLUE.mix(0.6).filled())
+            Rectangle::new(
+                [(i, 1.0), (i + 1, b.count.max(1) as f64)],
+                BLUE.mix(0.6).filled(),
+            )
         }))
         .map_err(err)?;
     root.present().map_err(err)?;
@@ -98,6 +104,7 @@ pub fn iops_over_time(result: &SpecResult, path: &Path) -> Result<(), String> {
         .configure_mesh()
         .x_desc("seconds since the ramp-up began")
         .y_desc("IOPS")
+        .y_label_formatter(&|v| format!("{v:.0}"))
         .draw()
         .map_err(err)?;
     let ramp_end = t.ramp_buckets as f64 * secs;

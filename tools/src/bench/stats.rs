@@ -381,7 +381,7 @@ impl Timeline {
         let bucket_ms = u64::try_from(total / 100)
             .unwrap_or(10_000)
             .clamp(100, 10_000);
-        let buckets = usize::try_from(total.div_ceil(u128::from(bucket_ms))).unwrap_or(0) + 1;
+        let buckets = usize::try_from(total.div_ceil(u128::from(bucket_ms))).unwrap_or(0);
         Self {
             bucket_ms,
             ramp_buckets: usize::try_from(ramp.as_millis() / u128::from(bucket_ms)).unwrap_or(0),
@@ -602,6 +602,7 @@ mod tests {
         t.record(Duration::from_millis(100));
         t.record(Duration::from_secs(3600)); // past the end: dropped
         assert_eq!(&t.ios[..2], &[2, 1]);
+        assert_eq!(t.ios.len(), 50, "exactly the ramp and the run");
         assert!((t.iops()[0] - 20.0).abs() < 1e-9);
         t.trim();
         assert_eq!(t.ios.len(), 11, "trimmed to the ramp plus one");
