@@ -535,7 +535,7 @@ fn verify_mode_never_overlaps_ios_in_flight() {
         verify: true,
         workers: 3,
         outstanding: 8,
-        max_bytes: Some(3 * 64 << 10),
+        max_bytes: Some(192 << 10),
         ..quick(200)
     };
     let spec = builtin_spec("4k-random-70-30").unwrap();

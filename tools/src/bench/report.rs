@@ -256,7 +256,7 @@ pub fn table(suite: &SuiteResult) -> String {
     }
     let _ = writeln!(
         s,
-        "(latency in microseconds, completion as StorPort saw it; CPU us = process CPU time per I/O, \
+        "(latency in microseconds, from submission to the completion the stack reported; CPU us = process CPU time per I/O, \
          initiator, target and benchmark together)"
     );
     if suite.interrupted {

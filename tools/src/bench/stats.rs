@@ -646,4 +646,50 @@ mod tests {
         assert!(buckets.first().unwrap().upto_us <= 4.0 + 1e-9);
         assert!(buckets.last().unwrap().upto_us >= 5000.0);
     }
+
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        fn cases() -> u32 {
+            std::env::var("KVBENCH_PROPTEST_CASES")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(64)
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(cases()))]
+
+            /// Every percentile agrees with the exact nearest-rank value of
+            /// the sorted samples to within the histogram's 3 significant
+            /// digits; the mean and maximum are exact.
+            #[test]
+            fn percentiles_match_the_sorted_samples(
+                samples in proptest::collection::vec(1u64..50_000_000, 1..2000),
+            ) {
+                let mut counts = Counts::default();
+                for &ns in &samples {
+                    counts.record(Direction::Read, 512, Duration::from_nanos(ns), true);
+                }
+                let mut sorted = samples.clone();
+                sorted.sort_unstable();
+                let exact = |q: f64| {
+                    // Nearest rank: the smallest value with at least q of
+                    // the samples at or below it.
+                    let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
+                    sorted[rank - 1] as f64 / 1e6
+                };
+                let s = LatencySummary::of(&counts.read);
+                let p = s.percentiles;
+                for (got, q) in [(p.p50, 0.5), (p.p90, 0.9), (p.p99, 0.99), (p.p99_9, 0.999), (p.p99_99, 0.9999)] {
+                    let want = exact(q);
+                    prop_assert!((got - want).abs() <= want * 0.001 + 1e-6, "q {}: {} vs {}", q, got, want);
+                }
+                let mean = samples.iter().map(|&v| v as f64).sum::<f64>() / samples.len() as f64 / 1e6;
+                prop_assert!((s.average_ms - mean).abs() <= mean * 1e-9 + 1e-12);
+                prop_assert_eq!(s.max_ms, *sorted.last().unwrap() as f64 / 1e6);
+            }
+        }
+    }
 }

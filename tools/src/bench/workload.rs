@@ -361,4 +361,76 @@ mod tests {
         assert!(!overlaps(10, 5, 0, 10));
         assert!(overlaps(10, 5, 0, 11));
     }
+
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        fn cases() -> u32 {
+            std::env::var("KVBENCH_PROPTEST_CASES")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(256)
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(cases()))]
+
+            /// Whatever the region, size and alignment: every offset is
+            /// aligned, the whole transfer lies in the region, and a
+            /// region that has room for one aligned transfer always yields
+            /// one.
+            #[test]
+            fn offsets_stay_aligned_and_inside(
+                start_sectors in 0u64..4096,
+                len_sectors in 0u64..8192,
+                size_sectors in 1u32..256,
+                align_sectors in 1u32..256,
+                random_percent in 0u8..=100,
+                seed in any::<u64>(),
+            ) {
+                let region = Region { start: start_sectors * 512, len: len_sectors * 512 };
+                let p = AccessPart {
+                    transfer_size: size_sectors * 512,
+                    weight: 1,
+                    read_percent: 50,
+                    random_percent,
+                    alignment: align_sectors * 512,
+                };
+                let (size, align) = (u64::from(p.transfer_size), u64::from(p.alignment));
+                let first = region.start.div_ceil(align) * align;
+                let room = first + size <= region.end();
+                let mut generator = OffsetGenerator::new(region);
+                let mut rng = Rng::with_seed(seed);
+                for _ in 0..64 {
+                    let random = pick_random(&p, &mut rng);
+                    match generator.next(&p, random, &mut rng) {
+                        Some(off) => {
+                            prop_assert!(room);
+                            prop_assert_eq!(off % align, 0);
+                            prop_assert!(off >= region.start);
+                            prop_assert!(off + size <= region.end());
+                        }
+                        None => prop_assert!(!room),
+                    }
+                }
+            }
+
+            /// The split covers the disk exactly, in order, without overlap,
+            /// every region starting on the granule.
+            #[test]
+            fn split_partitions(len in 0u64..(1 << 40), parts in 1usize..64, granule_pages in 1u64..1024) {
+                let granule = granule_pages * 4096;
+                let regions = Region::split(len, parts, granule);
+                prop_assert_eq!(regions.len(), parts);
+                let mut at = 0;
+                for r in &regions {
+                    prop_assert_eq!(r.start, at);
+                    prop_assert_eq!(r.start % granule, 0);
+                    at = r.end();
+                }
+                prop_assert_eq!(at, len);
+            }
+        }
+    }
 }
