@@ -18,6 +18,7 @@
 
 extern crate alloc;
 
+pub mod iscsi;
 pub mod miniport;
 #[cfg(feature = "nt")]
 pub mod nt;
