@@ -5,4 +5,5 @@ pub mod bench;
 pub mod iscsi_target;
 pub mod ntbuild;
 pub mod scsi_target;
+pub mod srp_target;
 pub mod vm;

@@ -1,0 +1,252 @@
+//! What a channel shares with the code that calls into it at
+//! `DISPATCH_LEVEL` (its CQ, its QP, the CM) and with the rest of the
+//! target: a mailbox those callbacks fill without allocating, the event
+//! that wakes the channel thread, and the requests the target sends it.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Mutex, PoisonError};
+
+use hca_lowlevel::device::AsyncEvent;
+use kverbs::cm::{CmEvent, CmHandler, CmId};
+use kverbs::cq::CqHandler;
+use kverbs::irql::{Dispatch, LeDispatch};
+use kverbs::platform::host::{HostEvent, HostPlatform};
+use kverbs::platform::{EventKind, RawEvent};
+use kverbs::qp::QpHandler;
+use kverbs::sync::SpinLock;
+use kverbs::wr::Completion;
+use storport_srp::scsi::SenseRepr;
+use storport_srp::wire::srp::PortId;
+
+/// A command's place in its channel's table: slot and generation (a
+/// completion for a command that is gone names a dead generation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct CmdRef {
+    pub(crate) slot: u32,
+    pub(crate) generation: u32,
+}
+
+/// What a send-queue IU is, for its completion.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SendWhat {
+    /// A command's `SRP_RSP`.
+    Response(CmdRef),
+    /// A task management response or a target request.
+    Plain,
+    /// `SRP_T_LOGOUT`: disconnect once delivered.
+    TLogout,
+}
+
+/// The context of every work request a channel posts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum WrCtx {
+    /// Receive slot.
+    Recv(u32),
+    /// A SEND from send slot `slot`.
+    Send {
+        /// The slot.
+        slot: u32,
+        /// What it carries.
+        what: SendWhat,
+    },
+    /// An RDMA READ of a command's data-out.
+    Read(CmdRef),
+    /// The signalled RDMA WRITE of a command's data-in.
+    Write(CmdRef),
+    /// The zero-length RDMA WRITE after the connection came up.
+    ZeroLength,
+    /// A hostile attempt (index in the target's report list).
+    Hostile(usize),
+}
+
+/// How a connection ended, as the CM said.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Terminal {
+    Disconnected,
+    Rejected,
+    Unreachable,
+}
+
+/// What the `DISPATCH_LEVEL` callbacks leave for the channel thread.
+#[derive(Debug)]
+pub(crate) enum Note {
+    Wc(Completion<WrCtx>),
+    Established,
+    Terminal(Terminal),
+    QpDestroyed,
+    CqDestroyed,
+    QpEvent(AsyncEvent),
+}
+
+/// Why a channel is asked to disconnect.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum DisconnectWhy {
+    /// The target is stopping.
+    Stop,
+    /// A SINGLE login of the same I_T nexus.
+    Relogin,
+}
+
+/// What the target asks of a channel (at `PASSIVE_LEVEL`).
+#[derive(Debug, Clone)]
+pub(crate) enum Request {
+    Disconnect(DisconnectWhy),
+    /// The accept failed: no CM event will come; tear down.
+    Abandon,
+    CredReq {
+        delta: i32,
+    },
+    AerReq {
+        lun: u16,
+        sense: SenseRepr,
+        delta: i32,
+    },
+    TLogout {
+        reason: u32,
+    },
+}
+
+/// The channel's phase, as others may read it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[repr(u8)]
+pub enum ChannelState {
+    /// Accepted; waiting for the connection to come up.
+    Connecting = 0,
+    /// Up: the zero-length RDMA WRITE completed.
+    Live = 1,
+    /// Going down.
+    Closing = 2,
+    /// Gone: every object destroyed.
+    Closed = 3,
+}
+
+/// The shared half of a channel.
+pub(crate) struct ChannelShared {
+    pub(crate) id: u32,
+    pub(crate) cm_id: CmId,
+    pub(crate) nexus: (PortId, PortId),
+    mailbox: SpinLock<VecDeque<Note>, HostPlatform>,
+    /// Notes that found the mailbox full (a sizing bug: the channel fails).
+    pub(crate) lost: AtomicU64,
+    wake: HostEvent,
+    requests: Mutex<VecDeque<Request>>,
+    state: std::sync::atomic::AtomicU8,
+    /// The thread has released everything and is about to return.
+    pub(crate) finished: AtomicBool,
+}
+
+impl ChannelShared {
+    pub(crate) fn new(id: u32, cm_id: CmId, nexus: (PortId, PortId), capacity: usize) -> Self {
+        Self {
+            id,
+            cm_id,
+            nexus,
+            mailbox: SpinLock::new(VecDeque::with_capacity(capacity)),
+            lost: AtomicU64::new(0),
+            wake: HostEvent::new(EventKind::Synchronization, false),
+            requests: Mutex::new(VecDeque::new()),
+            state: std::sync::atomic::AtomicU8::new(ChannelState::Connecting as u8),
+            finished: AtomicBool::new(false),
+        }
+    }
+
+    /// Leaves a note (never allocates: the mailbox is sized for every
+    /// completion the CQ can hold plus the CM and object events).
+    fn post(&self, note: Note, irql: &impl LeDispatch) {
+        {
+            let mut mailbox = self.mailbox.lock(irql);
+            if mailbox.len() < mailbox.capacity() {
+                mailbox.push_back(note);
+            } else {
+                self.lost.fetch_add(1, Ordering::AcqRel);
+            }
+        }
+        self.wake.set(irql);
+    }
+
+    /// Takes every note.
+    pub(crate) fn take_notes(&self, irql: &impl LeDispatch, into: &mut Vec<Note>) {
+        let mut mailbox = self.mailbox.lock(irql);
+        // `into` keeps its capacity between calls; it grows (at
+        // PASSIVE_LEVEL, outside the lock) only if needed.
+        let n = mailbox.len();
+        if into.capacity() - into.len() < n {
+            drop(mailbox);
+            into.reserve(n + 64);
+            mailbox = self.mailbox.lock(irql);
+        }
+        while into.len() < into.capacity() {
+            match mailbox.pop_front() {
+                Some(note) => into.push(note),
+                None => break,
+            }
+        }
+    }
+
+    /// Queues a request and wakes the thread.
+    pub(crate) fn request(&self, request: Request, irql: &kverbs::irql::Passive<'_>) {
+        self.requests
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push_back(request);
+        self.wake.set(irql);
+    }
+
+    pub(crate) fn take_request(&self) -> Option<Request> {
+        self.requests
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .pop_front()
+    }
+
+    /// Sleeps until woken or `timeout`.
+    pub(crate) fn wait(&self, timeout: std::time::Duration, irql: &kverbs::irql::Passive<'_>) {
+        let _ = self.wake.wait_timeout(timeout, irql);
+    }
+
+    pub(crate) fn state(&self) -> ChannelState {
+        match self.state.load(Ordering::Acquire) {
+            0 => ChannelState::Connecting,
+            1 => ChannelState::Live,
+            2 => ChannelState::Closing,
+            _ => ChannelState::Closed,
+        }
+    }
+
+    pub(crate) fn set_state(&self, state: ChannelState) {
+        self.state.store(state as u8, Ordering::Release);
+    }
+}
+
+impl CqHandler<WrCtx> for ChannelShared {
+    fn on_completion(&self, completion: Completion<WrCtx>, irql: &Dispatch<'_>) {
+        self.post(Note::Wc(completion), irql);
+    }
+
+    fn on_destroyed(&self, irql: &Dispatch<'_>) {
+        self.post(Note::CqDestroyed, irql);
+    }
+}
+
+impl QpHandler for ChannelShared {
+    fn on_async_event(&self, event: AsyncEvent, irql: &Dispatch<'_>) {
+        self.post(Note::QpEvent(event), irql);
+    }
+
+    fn on_destroyed(&self, irql: &Dispatch<'_>) {
+        self.post(Note::QpDestroyed, irql);
+    }
+}
+
+impl CmHandler for ChannelShared {
+    fn on_event(&self, _id: CmId, event: CmEvent<'_>, irql: &Dispatch<'_>) {
+        let note = match event {
+            CmEvent::Established { .. } => Note::Established,
+            CmEvent::Disconnected { .. } => Note::Terminal(Terminal::Disconnected),
+            CmEvent::Rejected { .. } => Note::Terminal(Terminal::Rejected),
+            CmEvent::Unreachable { .. } => Note::Terminal(Terminal::Unreachable),
+        };
+        self.post(note, irql);
+    }
+}
