@@ -23,5 +23,6 @@ pub mod miniport;
 #[cfg(feature = "nt")]
 pub mod nt;
 pub mod scsi;
+pub mod srp;
 pub mod storport;
 pub mod wire;

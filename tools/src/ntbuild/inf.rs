@@ -3,33 +3,16 @@
 //! targets into it.
 
 use anyhow::{Result, bail};
+use storport_srp::srp::params::{Key, ParamError, parse_add_target};
 
 /// The marker line the target subkeys replace.
 pub const TARGETS_MARKER: &str = "; $TARGETS$";
 
-/// The `add_target` keys Linux ib_srp accepts (drivers/infiniband/ulp/srp).
-pub const SRP_KEYS: &[&str] = &[
-    "id_ext",
-    "ioc_guid",
-    "dgid",
-    "pkey",
-    "service_id",
-    "dest",
-    "max_sect",
-    "max_cmd_per_lun",
-    "io_class",
-    "initiator_ext",
-    "cmd_sg_entries",
-    "allow_ext_sg",
-    "sg_tablesize",
-    "comp_vector",
-    "tl_retry_count",
-    "queue_size",
-    "max_it_iu_size",
-    "ch_count",
-    "target_can_queue",
-    "src",
-];
+/// The `add_target` keys Linux ib_srp accepts, as the driver's parser
+/// (`storport_srp::srp::params`) knows them.
+pub fn srp_keys() -> impl Iterator<Item = &'static str> {
+    Key::ALL.iter().map(|k| k.name())
+}
 
 /// One target to attach.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -84,18 +67,16 @@ pub fn parse_srp(arg: &str) -> Result<Target> {
     };
     check_name(name)?;
     inf_safe(add_target)?;
-    let mut has_id = false;
-    for pair in add_target.split(',') {
-        let Some((key, value)) = pair.split_once('=') else {
-            bail!("add_target item {pair:?} is not key=value");
+    // The driver parses the same string with the same code at find_adapter:
+    // what passes here attaches there, byte for byte.
+    if let Err(e) = parse_add_target(add_target.as_bytes()) {
+        let detail = match e {
+            ParamError::UnknownKey { at, len } | ParamError::NotKeyValue { at, len } => {
+                format!(" ({:?})", add_target.get(at..at + len).unwrap_or(""))
+            }
+            _ => String::new(),
         };
-        if !SRP_KEYS.contains(&key) || value.is_empty() {
-            bail!("add_target key {key:?} is not an ib_srp parameter");
-        }
-        has_id |= key == "id_ext" || key == "dest";
-    }
-    if !has_id {
-        bail!("add_target needs id_ext (IB) or dest (RDMA/CM)");
+        bail!("add_target {add_target:?}: {e}{detail}");
     }
     Ok(Target::Srp {
         name: name.to_owned(),
@@ -203,6 +184,18 @@ mod tests {
     }
 
     #[test]
+    fn driver_parser_decides() {
+        assert!(parse_srp("r=id_ext=1,ioc_guid=2,dest=10.0.0.1:5555,ch_count=2").is_ok());
+        let e = parse_srp("r=id_ext=1,ioc_guid=2,dest=10.0.0.1:5555,queue_size=0")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("queue_size"), "{e}");
+        let e = parse_srp("r=id_ext=1,bogus=2").unwrap_err().to_string();
+        assert!(e.contains("bogus"), "{e}");
+        assert!(srp_keys().any(|k| k == "tl_retry_count"));
+    }
+
+    #[test]
     fn bad_targets_are_refused() {
         for bad in [
             "x",
@@ -211,6 +204,11 @@ mod tests {
             "a=pkey=ffff",
             "a=id_ext=\"1\"",
             "a=id_ext=",
+            "a=id_ext=1,ioc_guid=2,dest=10.0.0.1:5555,queue_size=0",
+            "a=id_ext=1,ioc_guid=2,dest=10.0.0.1:5555,queue_size=8,queue_size=8",
+            "a=id_ext=1,ioc_guid=2,dest=10.0.0.1",
+            "a=id_ext=1,ioc_guid=2,dest=10.0.0.1:5555,dgid=fe800000000000000002c90200402bd5",
+            "a=id_ext=1,,ioc_guid=2,dest=10.0.0.1:5555",
         ] {
             assert!(parse_srp(bad).is_err(), "{bad}");
         }

@@ -1121,6 +1121,24 @@ impl<M: HwMiniport<HostPort>> StorPortModel<M> {
     /// `PASSIVE_LEVEL` (it allocates the request table and its DPCs).
     #[must_use]
     pub fn new(platform: &HostPlatform, config: ModelConfig, irql: &Passive<'_>) -> Self {
+        let memory = PhysMemory::new(config.memory_limit);
+        Self::with_memory(platform, config, memory, irql)
+    }
+
+    /// A model whose data buffers live in `memory` — for a transport that
+    /// moves data by DMA, the memory its (software) HCA reaches, as the
+    /// host's physical memory is on Windows. `config.memory_limit` is
+    /// ignored (the memory has its own).
+    ///
+    /// # IRQL
+    /// `PASSIVE_LEVEL`.
+    #[must_use]
+    pub fn with_memory(
+        platform: &HostPlatform,
+        config: ModelConfig,
+        memory: Arc<PhysMemory>,
+        irql: &Passive<'_>,
+    ) -> Self {
         let capacity = config.max_requests.max(1);
         let words = M::SRB_EXTENSION_WORDS;
         let shared = Arc::new_cyclic(|weak: &Weak<ModelShared>| {
@@ -1151,7 +1169,7 @@ impl<M: HwMiniport<HostPort>> StorPortModel<M> {
             let _ = dpc_cell.set(dpcs);
             ModelShared {
                 platform: platform.clone(),
-                memory: PhysMemory::new(config.memory_limit),
+                memory,
                 checker: Checker::new(),
                 clock: AtomicU64::new(0),
                 records: (0..capacity)

@@ -1,0 +1,2043 @@
+//! One RC channel of a target: its command and TMF slots, credits, the
+//! fast path, and everything that completes on its CQ.
+//!
+//! # The life of a command (the data path of one SRP READ)
+//! 1. **prepare** (`HwStartIo`, `DISPATCH_LEVEL`): under the channel lock
+//!    take a credit and a slot (O(1)); under the slot's lock plan the
+//!    registration ([`super::mapping`]), take one fast-registration MR per
+//!    run from the connection's pool, or — a small write when the target
+//!    granted it — copy the data into the IU as immediate data; reserve
+//!    the send-queue room the command can ever need (REG_MRs, the SEND,
+//!    the LOCAL_INVs to come). Any shortage is "busy", never a teardown.
+//! 2. **post**: in one batch (one doorbell) every REG_MR — a new key byte,
+//!    exactly the access it needs: remote write for a READ, remote read
+//!    for a WRITE — then the `SRP_CMD` SEND with the direct descriptor, or
+//!    the indirect one with its list inline.
+//! 3. **`SRP_RSP`**: the tag finds the slot in O(1) (index and generation
+//!    are in it); the credits of `req_lim_delta` are applied under the
+//!    channel lock; status, residuals and sense are kept in the slot; a
+//!    LOCAL_INV is posted for every MR (the last one signalled) and the
+//!    MRs go back to the pool; the receive is reposted.
+//! 4. **complete**: only when the SEND completion is in *and* the
+//!    invalidation has completed (nvme-rdma's rule: the target can no
+//!    longer reach the buffer, and the HCA no longer reads the IU), the
+//!    slot is freed and the core hears the result.
+//!
+//! A connection that ends fences everything still open on it: once its QP
+//! is flushed (`on_flushed`) every command is completed — with its real
+//! status if the response was already in, otherwise with the failure the
+//! target's state says (connection reset, fail-fast, device lost, bus
+//! reset).
+//!
+//! # Target requests
+//! `SRP_CRED_REQ` and `SRP_AER_REQ` add their credits and are answered
+//! with `SRP_CRED_RSP` / `SRP_AER_RSP` from a few response IUs whose
+//! send-queue room is reserved (responses spend no credit); when all are
+//! in flight the answer waits in a short queue. `SRP_T_LOGOUT`, and any IU
+//! the protocol does not allow, ends the connection (recovery follows).
+//!
+//! # Task management
+//! ABORT TASK and LOGICAL UNIT RESET go out with any credit, the reserved
+//! one included. On success the victims are marked aborted (or reset),
+//! their MRs invalidated, and the TMF is reported only after every victim
+//! has completed. A TMF unanswered after [`super::SrpConfig::tmf_timeout`]
+//! is reported as a transport timeout by the target's timer; a late
+//! answer finds its slot's generation moved on.
+//!
+//! # IRQL
+//! Everything here runs at <= `DISPATCH_LEVEL` and never allocates; the
+//! slot arrays were allocated with the engine.
+
+use alloc::boxed::Box;
+use alloc::sync::Arc;
+use alloc::vec;
+use core::sync::atomic::{AtomicU64, Ordering};
+
+use hca_lowlevel::device::AccessFlags;
+use hca_lowlevel::dma::PhysAddr;
+use kverbs::cm::CmEvent;
+use kverbs::irql::{Dispatch, LeDispatch};
+use kverbs::mr::FrMr;
+use kverbs::platform::Platform;
+use kverbs::sync::{SpinLock, with_dispatch};
+use kverbs::wr::{Completion, FastReg, Payload, SendWr, Signal, WcStatus};
+
+use super::conn::{Conn, Phase, WrCtx};
+use super::credits::Credits;
+use super::engine::{Engine, RSP_IUS, SENSE_MAX, Sizing, TMF_SLOTS, Target, Why, bump, now_ns};
+use super::iu::{self, CommandHeader};
+use super::login::{self, LoginFailure, Negotiated};
+use super::mapping::{self, PAGE_SHIFT, Plan, Run};
+use super::recovery::Cause;
+use super::tags::{FreeSlots, TagKind, WireTag, next_generation};
+use crate::miniport::transport::{
+    CommandOutcome, CommandResult, FailureKind, PostFailed, PrepareError, Residual, ScsiCommand,
+    Tag, TargetState, TmfRefused, TmfResponse,
+};
+use crate::storport::{DataDirection, QueueAction};
+use crate::wire::Lun;
+use crate::wire::srp::{
+    AerRsp, AerRspRepr, BufFormats, CredRsp, CredRspRepr, DirectDesc, Opcode, RspRepr, SolNot,
+    SrpIu, TaskAttr, TaskMgmtFunction, TmResponse, TskMgmt, TskMgmtRepr, cmd,
+};
+
+/// Longest IU from the target the engine parses (an `SRP_RSP` with 252
+/// bytes of sense is 292; nothing SRP defines needs more).
+const RX_PARSE_MAX: usize = 1024;
+/// Target requests whose answer may wait for a response IU.
+const OWED: usize = 16;
+/// Bytes copied per step when filling immediate data.
+const COPY_CHUNK: usize = 256;
+/// Base of the I/O virtual addresses the engine registers buffers at.
+const IOVA_BASE: u64 = 0x0200_0000_0000_0000;
+
+/// A prepared command (what the core holds between `prepare` and `post`).
+#[derive(Debug)]
+pub struct SrpPrepared {
+    target: u8,
+    channel: u8,
+    slot: u16,
+    generation: u16,
+}
+
+/// A TMF a command slot reports to when it completes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct TmfRef {
+    channel: u8,
+    slot: u16,
+    generation: u16,
+}
+
+/// A channel's connection state, credits and free lists (one lock).
+pub(crate) struct ChanState<P: Platform> {
+    conn: Option<Arc<Conn<P>>>,
+    /// The epoch a login is under way for.
+    pub pending: Option<u32>,
+    pub live: bool,
+    pub credits: Credits,
+    neg: Option<Negotiated>,
+    sq_free: u32,
+    free: FreeSlots,
+    tmf_free: FreeSlots,
+    rsp_free: u8,
+    owed: heapless::Deque<(u8, u64), OWED>,
+}
+
+impl<P: Platform> ChanState<P> {
+    /// Makes `conn` the channel's connection (login under way).
+    pub(crate) fn attach(&mut self, conn: Arc<Conn<P>>) {
+        self.conn = Some(conn);
+        self.live = false;
+        self.credits.clear();
+        self.neg = None;
+        self.owed.clear();
+    }
+
+    /// Takes the connection away (it is ending): no credit, nothing new.
+    pub(crate) fn detach(&mut self) -> Option<Arc<Conn<P>>> {
+        self.live = false;
+        self.credits.clear();
+        self.neg = None;
+        self.owed.clear();
+        self.rsp_free = 0;
+        self.conn.take()
+    }
+
+    pub(crate) fn is_current(&self, conn: &Arc<Conn<P>>) -> bool {
+        self.conn.as_ref().is_some_and(|c| Arc::ptr_eq(c, conn))
+    }
+
+    pub(crate) fn current(&self) -> Option<Arc<Conn<P>>> {
+        self.conn.clone()
+    }
+
+    pub(crate) fn conn_of(&self, epoch: u32) -> Option<Arc<Conn<P>>> {
+        self.conn.as_ref().filter(|c| c.epoch == epoch).cloned()
+    }
+
+    fn epoch_is(&self, epoch: u32) -> bool {
+        self.conn.as_ref().is_some_and(|c| c.epoch == epoch)
+    }
+
+    fn go_live(&mut self, neg: &Negotiated, send_capacity: u32) {
+        self.live = true;
+        self.pending = None;
+        self.credits.reset(neg.req_lim);
+        self.neg = Some(*neg);
+        self.sq_free = send_capacity.saturating_sub(TMF_SLOTS + RSP_IUS);
+        self.rsp_free = u8::try_from((1u32 << RSP_IUS) - 1).unwrap_or(u8::MAX);
+        self.owed.clear();
+    }
+
+    fn take_rsp_iu(&mut self) -> Option<u8> {
+        if self.rsp_free == 0 {
+            return None;
+        }
+        let index = self.rsp_free.trailing_zeros() as u8;
+        self.rsp_free &= !(1 << index);
+        Some(index)
+    }
+
+    pub(crate) fn reset_after_stop(&mut self) {
+        self.pending = None;
+        self.detach();
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SlotPhase {
+    Free,
+    Prepared,
+    Posted,
+}
+
+/// One command slot.
+pub(crate) struct CmdSlot<P: Platform> {
+    generation: u16,
+    phase: SlotPhase,
+    conn: Option<Arc<Conn<P>>>,
+    epoch: u32,
+    core: Tag,
+    lun: Lun,
+    cdb: [u8; 32],
+    cdb_len: usize,
+    task_attr: TaskAttr,
+    direction: DataDirection,
+    access: AccessFlags,
+    immediate: bool,
+    iu_len: u32,
+    mrs: Box<[Option<FrMr<P>>]>,
+    runs: Box<[Run]>,
+    pages: Box<[PhysAddr]>,
+    descs: Box<[DirectDesc]>,
+    plan: Plan,
+    formats: BufFormats,
+    budget: u32,
+    send_done: bool,
+    response: Option<(CommandOutcome, Residual)>,
+    fenced: bool,
+    sense: [u8; SENSE_MAX],
+    sense_len: usize,
+    invalidating: bool,
+    inv_done: bool,
+    waiter: Option<TmfRef>,
+    lost: bool,
+    scratch: Box<[u8]>,
+}
+
+/// What a finished command leaves for its upcall (the slot is free by
+/// then).
+struct Finished {
+    slot: u16,
+    core: Tag,
+    outcome: CommandOutcome,
+    residual: Residual,
+    sense: [u8; SENSE_MAX],
+    sense_len: usize,
+    budget: u32,
+    epoch: u32,
+    waiter: Option<TmfRef>,
+    fenced: bool,
+}
+
+impl<P: Platform> CmdSlot<P> {
+    fn new(sizing: &Sizing) -> Self {
+        let runs = sizing.max_runs as usize;
+        CmdSlot {
+            generation: 0,
+            phase: SlotPhase::Free,
+            conn: None,
+            epoch: 0,
+            core: Tag(0),
+            lun: Lun([0; 8]),
+            cdb: [0; 32],
+            cdb_len: 0,
+            task_attr: TaskAttr::Simple,
+            direction: DataDirection::None,
+            access: AccessFlags::empty(),
+            immediate: false,
+            iu_len: 0,
+            mrs: (0..runs).map(|_| None).collect(),
+            runs: vec![Run::default(); runs].into_boxed_slice(),
+            pages: vec![PhysAddr(0); sizing.max_pages as usize].into_boxed_slice(),
+            descs: vec![
+                DirectDesc {
+                    va: 0,
+                    rkey: 0,
+                    len: 0
+                };
+                runs
+            ]
+            .into_boxed_slice(),
+            plan: Plan::default(),
+            formats: BufFormats::empty(),
+            budget: 0,
+            send_done: false,
+            response: None,
+            fenced: false,
+            sense: [0; SENSE_MAX],
+            sense_len: 0,
+            invalidating: false,
+            inv_done: false,
+            waiter: None,
+            lost: false,
+            scratch: vec![0u8; sizing.scratch_len as usize].into_boxed_slice(),
+        }
+    }
+
+    fn matches(&self, conn: &Arc<Conn<P>>, generation: u16) -> bool {
+        self.generation == generation && self.conn.as_ref().is_some_and(|c| Arc::ptr_eq(c, conn))
+    }
+
+    fn mr_count(&self) -> usize {
+        self.plan.runs
+    }
+
+    /// Drops the MRs back into their pool.
+    fn drop_mrs(&mut self) {
+        for mr in self.mrs.iter_mut() {
+            *mr = None;
+        }
+    }
+
+    /// Back to free, with a new generation.
+    fn clear(&mut self) {
+        self.drop_mrs();
+        self.phase = SlotPhase::Free;
+        self.generation = next_generation(self.generation);
+        self.conn = None;
+        self.plan = Plan::default();
+        self.response = None;
+        self.waiter = None;
+        self.lost = false;
+        self.fenced = false;
+        self.send_done = false;
+        self.invalidating = false;
+        self.inv_done = false;
+        self.immediate = false;
+        self.sense_len = 0;
+    }
+
+    /// If the command is done (response in, SEND complete, MRs
+    /// invalidated), frees the slot and returns what the upcall needs.
+    fn take_finished(&mut self, slot: u16) -> Option<Finished> {
+        if self.phase != SlotPhase::Posted || !self.send_done || !self.inv_done {
+            return None;
+        }
+        let (outcome, residual) = self.response?;
+        let done = Finished {
+            slot,
+            core: self.core,
+            outcome,
+            residual,
+            sense: self.sense,
+            sense_len: self.sense_len,
+            budget: self.budget,
+            epoch: self.epoch,
+            waiter: self.waiter,
+            fenced: self.fenced,
+        };
+        self.clear();
+        Some(done)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum TmfPhase {
+    Free,
+    Sent,
+    /// Reported (timed out) but its SEND has not completed yet.
+    Abandoned,
+}
+
+/// One task management slot.
+pub(crate) struct TmfSlot<P: Platform> {
+    generation: u16,
+    phase: TmfPhase,
+    conn: Option<Arc<Conn<P>>>,
+    epoch: u32,
+    core: Tag,
+    function: TaskMgmtFunction,
+    lun: Lun,
+    victim: Option<(u8, u16, u16)>,
+    deadline: u64,
+    send_done: bool,
+    response: Option<TmfResponse>,
+    marking_done: bool,
+    waiting: i32,
+}
+
+impl<P: Platform> TmfSlot<P> {
+    fn new() -> Self {
+        TmfSlot {
+            generation: 0,
+            phase: TmfPhase::Free,
+            conn: None,
+            epoch: 0,
+            core: Tag(0),
+            function: TaskMgmtFunction::AbortTask,
+            lun: Lun([0; 8]),
+            victim: None,
+            deadline: 0,
+            send_done: false,
+            response: None,
+            marking_done: false,
+            waiting: 0,
+        }
+    }
+
+    fn clear(&mut self) {
+        self.phase = TmfPhase::Free;
+        self.generation = next_generation(self.generation);
+        self.conn = None;
+        self.victim = None;
+        self.response = None;
+        self.send_done = false;
+        self.marking_done = false;
+        self.waiting = 0;
+    }
+
+    /// If the TMF is done, frees the slot and returns the core's tag and
+    /// the response.
+    fn take_finished(&mut self) -> Option<(Tag, TmfResponse)> {
+        if self.phase != TmfPhase::Sent || !self.send_done || !self.marking_done || self.waiting > 0
+        {
+            return None;
+        }
+        let response = self.response?;
+        let core = self.core;
+        self.clear();
+        Some((core, response))
+    }
+}
+
+/// One channel.
+pub(crate) struct Channel<P: Platform> {
+    pub index: u8,
+    pub state: SpinLock<ChanState<P>, P>,
+    slots: Box<[SpinLock<CmdSlot<P>, P>]>,
+    tmfs: Box<[SpinLock<TmfSlot<P>, P>]>,
+    /// The core tag of each busy command slot (bit 32 set), for finding an
+    /// abort's victim without taking every slot lock.
+    core_tags: Box<[AtomicU64]>,
+}
+
+const CORE_TAG_VALID: u64 = 1 << 32;
+
+impl<P: Platform> Channel<P> {
+    /// A channel with every slot allocated.
+    ///
+    /// # IRQL
+    /// `PASSIVE_LEVEL` (allocates).
+    pub(crate) fn new(index: u8, sizing: &Sizing) -> Self {
+        let slots = sizing.queue_size as usize;
+        Channel {
+            index,
+            state: SpinLock::new(ChanState {
+                conn: None,
+                pending: None,
+                live: false,
+                credits: Credits::new(),
+                neg: None,
+                sq_free: 0,
+                free: FreeSlots::new(slots),
+                tmf_free: FreeSlots::new(TMF_SLOTS as usize),
+                rsp_free: 0,
+                owed: heapless::Deque::new(),
+            }),
+            slots: (0..slots)
+                .map(|_| SpinLock::new(CmdSlot::new(sizing)))
+                .collect(),
+            tmfs: (0..TMF_SLOTS)
+                .map(|_| SpinLock::new(TmfSlot::new()))
+                .collect(),
+            core_tags: (0..slots).map(|_| AtomicU64::new(0)).collect(),
+        }
+    }
+
+    /// The earliest deadline of a TMF waiting for its answer.
+    pub(crate) fn tmf_deadline(&self, irql: &impl LeDispatch) -> Option<u64> {
+        self.tmfs
+            .iter()
+            .filter_map(|t| {
+                let t = t.lock(irql);
+                (t.phase == TmfPhase::Sent && t.response.is_none()).then_some(t.deadline)
+            })
+            .min()
+    }
+
+    /// Nothing outstanding (every slot free).
+    pub(crate) fn is_idle(&self, irql: &impl LeDispatch) -> bool {
+        let st = self.state.lock(irql);
+        st.free.available() == st.free.capacity()
+            && st.tmf_free.available() == st.tmf_free.capacity()
+    }
+
+    fn find_core(&self, core: Tag) -> Option<usize> {
+        let want = CORE_TAG_VALID | u64::from(core.raw());
+        self.core_tags
+            .iter()
+            .position(|t| t.load(Ordering::Acquire) == want)
+    }
+}
+
+fn task_attr(q: QueueAction) -> TaskAttr {
+    match q {
+        QueueAction::Simple => TaskAttr::Simple,
+        QueueAction::HeadOfQueue => TaskAttr::HeadOfQueue,
+        QueueAction::Ordered => TaskAttr::Ordered,
+    }
+}
+
+fn residual(r: crate::wire::Residual) -> Residual {
+    match r {
+        crate::wire::Residual::None => Residual::None,
+        crate::wire::Residual::Underflow(n) => Residual::Underrun(n),
+        crate::wire::Residual::Overflow(n) => Residual::Overrun(n),
+    }
+}
+
+fn tmf_response(code: Option<TmResponse>) -> TmfResponse {
+    match code {
+        Some(TmResponse::Complete) => TmfResponse::Complete,
+        Some(TmResponse::NotSupported) => TmfResponse::NotSupported,
+        Some(TmResponse::Failed) | None => TmfResponse::Failed,
+        // SAM-5 service response codes a target may use.
+        Some(TmResponse::Other(0x08)) => TmfResponse::Succeeded,
+        Some(TmResponse::Other(0x09)) => TmfResponse::IncorrectLun,
+        Some(TmResponse::Other(_)) => TmfResponse::Failed,
+    }
+}
+
+/// The I/O virtual address of run `run` of slot `slot` (page aligned).
+fn iova_base(slot: u16, run: usize) -> u64 {
+    IOVA_BASE | (u64::from(slot) << 32) | ((run as u64) << 21)
+}
+
+/// Why a channel could not take a command.
+enum Refusal {
+    Down,
+    Busy,
+    Failed(FailureKind),
+}
+
+impl<P: Platform> Engine<P> {
+    // -- prepare / post / discard -------------------------------------------
+
+    pub(crate) fn prepare(
+        &self,
+        command: &ScsiCommand<'_>,
+        irql: &impl LeDispatch,
+    ) -> Result<SrpPrepared, PrepareError> {
+        let t = self
+            .target(command.target)
+            .ok_or(PrepareError::Failed(FailureKind::DeviceLost))?;
+        match t.state() {
+            TargetState::Live => {}
+            TargetState::Connecting | TargetState::Blocked => return Err(PrepareError::Blocked),
+            TargetState::FailFast => return Err(PrepareError::Failed(FailureKind::FailFast)),
+            TargetState::Lost => return Err(PrepareError::Failed(FailureKind::DeviceLost)),
+        }
+        if command.cdb.is_empty()
+            || command.cdb.len() > cmd::CDB_LEN + login::MAX_ADD_CDB_LEN as usize
+            || command.transfer_length > t.sizing.max_transfer
+        {
+            return Err(PrepareError::Failed(FailureKind::Unsupported));
+        }
+        let active = usize::from(t.active.load(Ordering::Acquire)).clamp(1, t.channels.len());
+        let start = (command.tag.raw() & 0xffff) as usize % active;
+        let mut busy = false;
+        for k in 0..active {
+            let Some(ch) = t.channels.get((start + k) % active) else {
+                continue;
+            };
+            match self.prepare_on(t, ch, command, irql) {
+                Ok(p) => return Ok(p),
+                Err(Refusal::Busy) => busy = true,
+                Err(Refusal::Down) => {}
+                Err(Refusal::Failed(kind)) => return Err(PrepareError::Failed(kind)),
+            }
+        }
+        Err(if busy {
+            PrepareError::Busy
+        } else {
+            PrepareError::Blocked
+        })
+    }
+
+    fn prepare_on(
+        &self,
+        t: &Target<P>,
+        ch: &Channel<P>,
+        command: &ScsiCommand<'_>,
+        irql: &impl LeDispatch,
+    ) -> Result<SrpPrepared, Refusal> {
+        let (index, conn, neg) = {
+            let mut st = ch.state.lock(irql);
+            if !st.live {
+                return Err(Refusal::Down);
+            }
+            let (Some(conn), Some(neg)) = (st.current(), st.neg) else {
+                return Err(Refusal::Down);
+            };
+            if !st.credits.take_command() {
+                bump(&t.counters.busy_credit);
+                return Err(Refusal::Busy);
+            }
+            let Some(index) = st.free.pop() else {
+                st.credits.give_back();
+                st.credits.note_starved();
+                bump(&t.counters.busy_resources);
+                return Err(Refusal::Busy);
+            };
+            (index, conn, neg)
+        };
+        let Some(slot_lock) = ch.slots.get(usize::from(index)) else {
+            return Err(Refusal::Failed(FailureKind::Unsupported));
+        };
+        let setup = {
+            let mut s = slot_lock.lock(irql);
+            let r = self.setup_slot(t, &mut s, index, &conn, &neg, command, irql);
+            match r {
+                Ok(()) => Ok((s.generation, s.budget)),
+                Err(e) => {
+                    s.clear();
+                    Err(e)
+                }
+            }
+        };
+        let undo = |refusal: Refusal| {
+            let mut st = ch.state.lock(irql);
+            let _ = st.free.push(index);
+            if st.is_current(&conn) {
+                st.credits.give_back();
+                if matches!(refusal, Refusal::Busy) {
+                    st.credits.note_starved();
+                }
+            }
+            refusal
+        };
+        let (generation, budget) = match setup {
+            Ok(v) => v,
+            Err(e) => return Err(undo(e)),
+        };
+        let reserved = {
+            let mut st = ch.state.lock(irql);
+            if !st.is_current(&conn) || !st.live {
+                Err(Refusal::Down)
+            } else if st.sq_free < budget {
+                st.credits.note_starved();
+                Err(Refusal::Busy)
+            } else {
+                st.sq_free -= budget;
+                Ok(())
+            }
+        };
+        if let Err(e) = reserved {
+            if matches!(e, Refusal::Busy) {
+                bump(&t.counters.busy_resources);
+            }
+            slot_lock.lock(irql).clear();
+            return Err(undo(e));
+        }
+        if let Some(tag) = ch.core_tags.get(usize::from(index)) {
+            tag.store(
+                CORE_TAG_VALID | u64::from(command.tag.raw()),
+                Ordering::Release,
+            );
+        }
+        Ok(SrpPrepared {
+            target: t.index,
+            channel: ch.index,
+            slot: index,
+            generation,
+        })
+    }
+
+    /// Fills a slot for `command` (under the slot's lock).
+    #[expect(clippy::too_many_arguments, reason = "the parts of a command")]
+    fn setup_slot(
+        &self,
+        t: &Target<P>,
+        s: &mut CmdSlot<P>,
+        index: u16,
+        conn: &Arc<Conn<P>>,
+        neg: &Negotiated,
+        command: &ScsiCommand<'_>,
+        irql: &impl LeDispatch,
+    ) -> Result<(), Refusal> {
+        s.phase = SlotPhase::Prepared;
+        s.conn = Some(Arc::clone(conn));
+        s.epoch = conn.epoch;
+        s.core = command.tag;
+        s.lun = command.lun;
+        s.cdb_len = command.cdb.len();
+        if let Some(dst) = s.cdb.get_mut(..command.cdb.len()) {
+            dst.copy_from_slice(command.cdb);
+        }
+        s.task_attr = task_attr(command.task_attribute);
+        s.formats = neg.formats;
+        s.plan = Plan::default();
+        let len = command.transfer_length;
+        s.direction = if len == 0 {
+            DataDirection::None
+        } else {
+            command.direction
+        };
+        s.access = match s.direction {
+            DataDirection::In => AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
+            DataDirection::Out => AccessFlags::REMOTE_READ,
+            DataDirection::None | DataDirection::Unspecified => AccessFlags::empty(),
+        };
+        if s.direction == DataDirection::Unspecified {
+            return Err(Refusal::Failed(FailureKind::Unsupported));
+        }
+        let offset = conn.layout.cmd_offset(index);
+        let imm_offset = neg.immediate.filter(|_| {
+            s.direction == DataDirection::Out
+                && self.config.use_imm_data
+                && len <= self.config.max_imm_data
+        });
+        if let Some(imm) = imm_offset.filter(|o| u32::from(*o) + len <= neg.max_it_iu_len) {
+            // Immediate data: the whole IU is built now; post only sends.
+            s.immediate = true;
+            let tag = self.cmd_tag(s, index);
+            let header = CommandHeader {
+                tag,
+                lun: s.lun,
+                task_attr: s.task_attr,
+                cdb: s.cdb.get(..s.cdb_len).unwrap_or(&[]),
+                direction: s.direction,
+            };
+            let header = iu::emit_immediate_header(&header, imm, len, &mut s.scratch)
+                .map_err(|_| Refusal::Failed(FailureKind::Unsupported))?;
+            let head = s.scratch.get(..header).unwrap_or(&[]);
+            conn.tx
+                .mem()
+                .write(usize::try_from(offset).unwrap_or(usize::MAX), head)
+                .map_err(|_| Refusal::Failed(FailureKind::Unsupported))?;
+            let mut chunk = [0u8; COPY_CHUNK];
+            let mut done = 0u32;
+            while done < len {
+                let n = (len - done).min(COPY_CHUNK as u32);
+                let buf = chunk.get_mut(..n as usize).unwrap_or(&mut []);
+                command
+                    .immediate
+                    .read(done, buf)
+                    .map_err(|_| Refusal::Failed(FailureKind::Unsupported))?;
+                let at = offset + u64::from(imm) + u64::from(done);
+                conn.tx
+                    .mem()
+                    .write(usize::try_from(at).unwrap_or(usize::MAX), buf)
+                    .map_err(|_| Refusal::Failed(FailureKind::Unsupported))?;
+                done += n;
+            }
+            s.iu_len = u32::from(imm) + len;
+            s.budget = 1;
+            bump(&t.counters.immediate_writes);
+            return Ok(());
+        }
+        s.immediate = false;
+        if s.direction == DataDirection::None {
+            s.iu_len = iu::command_len(command.cdb.len(), 0, neg.formats) as u32;
+            s.budget = 1;
+            return Ok(());
+        }
+        s.plan = mapping::plan(
+            command.sg_list,
+            len,
+            t.sizing.max_pages_per_mr,
+            &mut s.pages,
+            &mut s.runs,
+        )
+        .map_err(|e| match e {
+            mapping::MapError::ListTooShort | mapping::MapError::AddressOverflow => {
+                Refusal::Failed(FailureKind::Protocol)
+            }
+            _ => Refusal::Failed(FailureKind::Unsupported),
+        })?;
+        let n = s.plan.runs;
+        if n == 0 {
+            return Err(Refusal::Failed(FailureKind::Unsupported));
+        }
+        // The descriptors must fit the IU the target accepts, and the
+        // formats it supports.
+        let direct_ok = n == 1 && neg.formats.contains(BufFormats::DIRECT);
+        if !direct_ok && !neg.formats.contains(BufFormats::INDIRECT) {
+            return Err(Refusal::Failed(FailureKind::Unsupported));
+        }
+        let iu_len = iu::command_len(command.cdb.len(), n, neg.formats);
+        if iu_len > neg.max_it_iu_len as usize || iu_len > s.scratch.len() {
+            return Err(Refusal::Failed(FailureKind::Unsupported));
+        }
+        s.iu_len = iu_len as u32;
+        for i in 0..n {
+            match conn.pool.get(irql) {
+                Some(mr) => {
+                    if let Some(slot) = s.mrs.get_mut(i) {
+                        *slot = Some(mr);
+                    }
+                }
+                None => {
+                    s.drop_mrs();
+                    return Err(if n > t.sizing.pool_size as usize {
+                        Refusal::Failed(FailureKind::Unsupported)
+                    } else {
+                        Refusal::Busy
+                    });
+                }
+            }
+        }
+        s.budget = s.plan.send_queue_cost(&s.runs);
+        Ok(())
+    }
+
+    fn cmd_tag(&self, s: &CmdSlot<P>, index: u16) -> u64 {
+        WireTag {
+            kind: TagKind::Command,
+            generation: s.generation,
+            slot: index,
+            core: s.core.raw(),
+        }
+        .encode()
+    }
+
+    pub(crate) fn post(
+        &self,
+        prepared: SrpPrepared,
+        irql: &impl LeDispatch,
+    ) -> Result<(), PostFailed> {
+        let t = self
+            .target(prepared.target)
+            .ok_or(PostFailed(FailureKind::DeviceLost))?;
+        let ch = t
+            .channels
+            .get(usize::from(prepared.channel))
+            .ok_or(PostFailed(FailureKind::Protocol))?;
+        let slot_lock = ch
+            .slots
+            .get(usize::from(prepared.slot))
+            .ok_or(PostFailed(FailureKind::Protocol))?;
+        let result = {
+            let mut s = slot_lock.lock(irql);
+            if s.generation != prepared.generation || s.phase != SlotPhase::Prepared {
+                // Not a command this engine prepared (a contract breach).
+                return Err(PostFailed(FailureKind::Protocol));
+            }
+            let r = if s.lost {
+                Err((t.failure_kind(), false))
+            } else {
+                self.post_locked(t, &mut s, prepared.slot, irql)
+            };
+            match r {
+                Ok(()) => Ok(()),
+                Err(e) => {
+                    let undo = (s.epoch, s.budget, s.conn.clone());
+                    s.clear();
+                    Err((e, undo))
+                }
+            }
+        };
+        match result {
+            Ok(()) => Ok(()),
+            Err(((kind, broken), (epoch, budget, conn))) => {
+                self.return_reservation(ch, prepared.slot, epoch, budget, irql);
+                if broken {
+                    if let Some(conn) = conn {
+                        with_dispatch::<P, _, _>(irql, |d| {
+                            self.conn_failed(&conn, Cause::Transport, Why::Batch, d);
+                        });
+                    }
+                }
+                Err(PostFailed(kind))
+            }
+        }
+    }
+
+    /// Posts a prepared slot; `Err((kind, broken))` with nothing sent —
+    /// `broken` when the connection must end (a half-built batch).
+    fn post_locked(
+        &self,
+        t: &Target<P>,
+        s: &mut CmdSlot<P>,
+        index: u16,
+        irql: &impl LeDispatch,
+    ) -> Result<(), (FailureKind, bool)> {
+        let conn = s
+            .conn
+            .clone()
+            .ok_or((FailureKind::ConnectionReset, false))?;
+        let Ok(mut batch) = conn.qp.begin_send(irql) else {
+            return Err((t.failure_kind(), false));
+        };
+        let n = s.mr_count();
+        let need: u32 = 1 + s
+            .runs
+            .iter()
+            .take(n)
+            .map(|r| 1 + mapping::reg_mr_wqebbs(r.pages))
+            .sum::<u32>();
+        if batch.free_wqebbs() < need {
+            return Err((FailureKind::ConnectionReset, true));
+        }
+        let generation = s.generation;
+        for i in 0..n {
+            let CmdSlot {
+                mrs,
+                runs,
+                pages,
+                descs,
+                access,
+                ..
+            } = &mut *s;
+            let (Some(run), Some(Some(mr)), Some(d)) =
+                (runs.get(i), mrs.get_mut(i), descs.get_mut(i))
+            else {
+                return Err((FailureKind::ConnectionReset, true));
+            };
+            let first = run.first_page as usize;
+            let page_list = pages.get(first..first + run.pages as usize).unwrap_or(&[]);
+            let iova = iova_base(index, i) + u64::from(run.offset);
+            let reg = FastReg {
+                pages: page_list,
+                page_shift: PAGE_SHIFT,
+                iova,
+                length: u64::from(run.len),
+                access: *access,
+            };
+            match batch.reg_mr(mr, &reg, Signal::Unsignalled) {
+                Ok(key) => {
+                    *d = DirectDesc {
+                        va: iova,
+                        rkey: key,
+                        len: run.len,
+                    };
+                }
+                Err(_) => {
+                    drop(batch);
+                    for mr in s.mrs.iter_mut().flatten() {
+                        mr.abandon_registration();
+                    }
+                    return Err((FailureKind::ConnectionReset, true));
+                }
+            }
+        }
+        let offset = conn.layout.cmd_offset(index);
+        if !s.immediate {
+            let header = CommandHeader {
+                tag: self.cmd_tag(s, index),
+                lun: s.lun,
+                task_attr: s.task_attr,
+                cdb: s.cdb.get(..s.cdb_len).unwrap_or(&[]),
+                direction: s.direction,
+            };
+            let descs = s.descs.get(..n).unwrap_or(&[]);
+            let len = iu::emit_command(
+                &header,
+                descs,
+                s.formats,
+                conn.tx.iova() + offset,
+                &mut s.scratch,
+            )
+            .map_err(|_| (FailureKind::Unsupported, true))?;
+            let bytes = s.scratch.get(..len).unwrap_or(&[]);
+            conn.tx
+                .mem()
+                .write(usize::try_from(offset).unwrap_or(usize::MAX), bytes)
+                .map_err(|_| (FailureKind::ConnectionReset, true))?;
+            s.iu_len = u32::try_from(len).unwrap_or(u32::MAX);
+            if n == 1 && s.formats.contains(BufFormats::DIRECT) {
+                bump(&t.counters.direct_commands);
+            } else if n > 0 {
+                bump(&t.counters.indirect_commands);
+            }
+        }
+        let Some(sge) = conn.tx_sge(offset, s.iu_len) else {
+            return Err((FailureKind::ConnectionReset, true));
+        };
+        let send = batch.send(
+            &SendWr::new(Payload::Sges(&[sge])),
+            Signal::Signalled(WrCtx::Send {
+                slot: index,
+                generation,
+            }),
+        );
+        if send.is_err() {
+            drop(batch);
+            for mr in s.mrs.iter_mut().flatten() {
+                mr.abandon_registration();
+            }
+            return Err((FailureKind::ConnectionReset, true));
+        }
+        // Visible to completions from here: they wait for this lock.
+        s.phase = SlotPhase::Posted;
+        s.send_done = false;
+        s.response = None;
+        s.inv_done = false;
+        s.invalidating = false;
+        batch.commit();
+        Ok(())
+    }
+
+    pub(crate) fn discard(&self, prepared: SrpPrepared, irql: &impl LeDispatch) {
+        let Some(t) = self.target(prepared.target) else {
+            return;
+        };
+        let Some(ch) = t.channels.get(usize::from(prepared.channel)) else {
+            return;
+        };
+        let Some(slot_lock) = ch.slots.get(usize::from(prepared.slot)) else {
+            return;
+        };
+        let returned = {
+            let mut s = slot_lock.lock(irql);
+            if s.generation != prepared.generation || s.phase != SlotPhase::Prepared {
+                return;
+            }
+            let r = (s.epoch, s.budget);
+            s.clear();
+            r
+        };
+        self.return_reservation(ch, prepared.slot, returned.0, returned.1, irql);
+    }
+
+    /// Returns a prepared slot's slot, credit and budget (same epoch only).
+    fn return_reservation(
+        &self,
+        ch: &Channel<P>,
+        index: u16,
+        epoch: u32,
+        budget: u32,
+        irql: &impl LeDispatch,
+    ) {
+        if let Some(tag) = ch.core_tags.get(usize::from(index)) {
+            tag.store(0, Ordering::Release);
+        }
+        let notify = {
+            let mut st = ch.state.lock(irql);
+            let _ = st.free.push(index);
+            if st.epoch_is(epoch) && st.live {
+                st.credits.give_back();
+                st.sq_free = st.sq_free.saturating_add(budget);
+            }
+            st.credits.take_starved()
+        };
+        if notify {
+            self.notify_credits(ch, irql);
+        }
+    }
+
+    fn notify_credits(&self, ch: &Channel<P>, irql: &impl LeDispatch) {
+        let target = self
+            .targets
+            .iter()
+            .find(|t| t.channels.iter().any(|c| core::ptr::eq(c, ch)))
+            .map(|t| t.index);
+        if let Some(target) = target {
+            with_dispatch::<P, _, _>(irql, |d| self.upcalls().credits_available(target, d));
+        }
+    }
+
+    // -- completions ----------------------------------------------------------
+
+    pub(crate) fn on_completion(
+        &self,
+        conn: &Arc<Conn<P>>,
+        completion: Completion<WrCtx>,
+        irql: &Dispatch<'_>,
+    ) {
+        if matches!(completion.status, WcStatus::Error(_)) {
+            let why = Why::WcError(completion.raw_syndrome, completion.opcode as u8);
+            self.conn_failed(conn, Cause::Transport, why, irql);
+        }
+        let Some(ctx) = completion.context else {
+            // An unsignalled REG_MR or LOCAL_INV failed or was flushed: the
+            // QP is in error; the flush fences everything.
+            return;
+        };
+        let Some((t, ch)) = self.locate(conn) else {
+            return;
+        };
+        match ctx {
+            WrCtx::Recv(index) => {
+                if completion.is_success() {
+                    self.on_recv(t, ch, conn, index, completion.byte_len, irql);
+                }
+            }
+            WrCtx::Send { slot, generation } => {
+                self.command_progress(t, ch, conn, slot, generation, |s| s.send_done = true, irql);
+            }
+            WrCtx::Inv { slot, generation } => {
+                if completion.is_success() {
+                    self.command_progress(
+                        t,
+                        ch,
+                        conn,
+                        slot,
+                        generation,
+                        |s| s.inv_done = true,
+                        irql,
+                    );
+                }
+            }
+            WrCtx::TmfSend { slot, generation } => {
+                self.tmf_send_done(t, ch, conn, slot, generation, irql);
+            }
+            WrCtx::RspSend(index) => self.rsp_send_done(t, ch, conn, index, irql),
+        }
+    }
+
+    fn locate(&self, conn: &Arc<Conn<P>>) -> Option<(&Target<P>, &Channel<P>)> {
+        let t = self.target(conn.target)?;
+        let ch = t.channels.get(usize::from(conn.channel))?;
+        Some((t, ch))
+    }
+
+    #[expect(clippy::too_many_arguments, reason = "the parts of a completion")]
+    fn command_progress(
+        &self,
+        t: &Target<P>,
+        ch: &Channel<P>,
+        conn: &Arc<Conn<P>>,
+        slot: u16,
+        generation: u16,
+        step: impl FnOnce(&mut CmdSlot<P>),
+        irql: &Dispatch<'_>,
+    ) {
+        let Some(slot_lock) = ch.slots.get(usize::from(slot)) else {
+            return;
+        };
+        let done = {
+            let mut s = slot_lock.lock(irql);
+            if !s.matches(conn, generation) || s.phase != SlotPhase::Posted {
+                return;
+            }
+            step(&mut s);
+            s.take_finished(slot)
+        };
+        if let Some(done) = done {
+            self.finish_command(t, ch, done, irql);
+        }
+    }
+
+    fn finish_command(&self, t: &Target<P>, ch: &Channel<P>, done: Finished, irql: &Dispatch<'_>) {
+        if let Some(tag) = ch.core_tags.get(usize::from(done.slot)) {
+            tag.store(0, Ordering::Release);
+        }
+        let notify = {
+            let mut st = ch.state.lock(irql);
+            let _ = st.free.push(done.slot);
+            if st.epoch_is(done.epoch) {
+                st.sq_free = st.sq_free.saturating_add(done.budget);
+            }
+            st.credits.take_starved()
+        };
+        bump(&t.counters.completed);
+        if done.fenced {
+            bump(&t.counters.fenced_by_flush);
+        }
+        let result = CommandResult {
+            outcome: done.outcome,
+            sense: done.sense.get(..done.sense_len).unwrap_or(&[]),
+            residual: done.residual,
+        };
+        self.upcalls().command_done(done.core, &result, irql);
+        if let Some(w) = done.waiter {
+            self.tmf_victim_done(t, w, irql);
+        }
+        if notify {
+            self.upcalls().credits_available(t.index, irql);
+        }
+    }
+
+    /// Posts the LOCAL_INVs of a slot's MRs (the last one signalled) and
+    /// returns them to the pool. `false`: the batch could not be built and
+    /// the connection must end (the flush then fences the command).
+    fn start_invalidation(
+        &self,
+        s: &mut CmdSlot<P>,
+        conn: &Arc<Conn<P>>,
+        slot: u16,
+        irql: &impl LeDispatch,
+    ) -> bool {
+        if s.invalidating || s.inv_done {
+            return true;
+        }
+        let n = s.mr_count();
+        if n == 0 {
+            s.inv_done = true;
+            return true;
+        }
+        s.invalidating = true;
+        let Ok(mut batch) = conn.qp.begin_send(irql) else {
+            // Flushing already: the flush is the fence.
+            return true;
+        };
+        if batch.free_wqebbs() < n as u32 {
+            return false;
+        }
+        let generation = s.generation;
+        for i in 0..n {
+            let signal = if i + 1 == n {
+                Signal::Signalled(WrCtx::Inv { slot, generation })
+            } else {
+                Signal::Unsignalled
+            };
+            let Some(Some(mr)) = s.mrs.get_mut(i) else {
+                return false;
+            };
+            if batch.local_inv(mr, signal).is_err() {
+                return false;
+            }
+        }
+        batch.commit();
+        // Invalid on the device once the LOCAL_INVs run, and any reuse is
+        // posted after them on this send queue.
+        s.drop_mrs();
+        true
+    }
+
+    // -- receives -------------------------------------------------------------
+
+    fn on_recv(
+        &self,
+        t: &Target<P>,
+        ch: &Channel<P>,
+        conn: &Arc<Conn<P>>,
+        index: u16,
+        len: u32,
+        irql: &Dispatch<'_>,
+    ) {
+        let mut buf = [0u8; RX_PARSE_MAX];
+        let n = len as usize;
+        let at = u64::from(conn.layout.rx_stride) * u64::from(index);
+        let copied = n <= RX_PARSE_MAX
+            && buf.get_mut(..n).is_some_and(|b| {
+                conn.rx
+                    .mem()
+                    .read(usize::try_from(at).unwrap_or(usize::MAX), b)
+                    .is_ok()
+            });
+        // The bytes are ours now: the buffer goes back at once.
+        let reposted = conn.post_recv(index, irql);
+        if !reposted && conn.life.lock(irql).phase == Phase::Live {
+            self.conn_failed(conn, Cause::Transport, Why::Repost, irql);
+            return;
+        }
+        let iu = if copied {
+            SrpIu::parse(buf.get(..n).unwrap_or(&[]), None).ok()
+        } else {
+            None
+        };
+        match iu {
+            Some(SrpIu::Rsp(rsp)) => self.on_rsp(t, ch, conn, &rsp, irql),
+            Some(SrpIu::CredReq(req)) => {
+                bump(&t.counters.cred_reqs);
+                self.add_credits(t, ch, conn, req.req_lim_delta, irql);
+                self.respond(t, ch, conn, Opcode::CredRsp, req.tag, irql);
+            }
+            Some(SrpIu::AerReq(req)) => {
+                bump(&t.counters.aer_reqs);
+                self.add_credits(t, ch, conn, req.req_lim_delta, irql);
+                self.respond(t, ch, conn, Opcode::AerRsp, req.tag, irql);
+            }
+            Some(SrpIu::TLogout(_)) => {
+                bump(&t.counters.t_logouts);
+                self.conn_failed(conn, Cause::Transport, Why::TargetLogout, irql);
+            }
+            _ => {
+                // Malformed, or an IU a target may not send.
+                bump(&t.counters.protocol_errors);
+                self.conn_failed(conn, Cause::Transport, Why::Protocol, irql);
+            }
+        }
+    }
+
+    fn add_credits(
+        &self,
+        t: &Target<P>,
+        ch: &Channel<P>,
+        conn: &Arc<Conn<P>>,
+        delta: i32,
+        irql: &Dispatch<'_>,
+    ) {
+        let notify = {
+            let mut st = ch.state.lock(irql);
+            st.is_current(conn) && st.credits.add(delta)
+        };
+        if notify {
+            self.upcalls().credits_available(t.index, irql);
+        }
+    }
+
+    fn on_rsp(
+        &self,
+        t: &Target<P>,
+        ch: &Channel<P>,
+        conn: &Arc<Conn<P>>,
+        rsp: &RspRepr<'_>,
+        irql: &Dispatch<'_>,
+    ) {
+        // Credits first, for any tag (Linux applies them even for a tag it
+        // does not know).
+        self.add_credits(t, ch, conn, rsp.req_lim_delta, irql);
+        match WireTag::decode(rsp.tag) {
+            Some(tag) if tag.kind == TagKind::Command => {
+                self.command_response(t, ch, conn, tag, rsp, irql);
+            }
+            Some(tag) => self.tmf_response(t, ch, conn, tag, rsp, irql),
+            None => bump(&t.counters.stale_responses),
+        }
+    }
+
+    fn command_response(
+        &self,
+        t: &Target<P>,
+        ch: &Channel<P>,
+        conn: &Arc<Conn<P>>,
+        tag: WireTag,
+        rsp: &RspRepr<'_>,
+        irql: &Dispatch<'_>,
+    ) {
+        let Some(slot_lock) = ch.slots.get(usize::from(tag.slot)) else {
+            bump(&t.counters.stale_responses);
+            return;
+        };
+        let (done, broken) = {
+            let mut s = slot_lock.lock(irql);
+            if !s.matches(conn, tag.generation)
+                || s.phase != SlotPhase::Posted
+                || s.core.raw() != tag.core
+                || s.response.is_some()
+            {
+                drop(s);
+                bump(&t.counters.stale_responses);
+                return;
+            }
+            let res = match s.direction {
+                DataDirection::In => residual(rsp.data_in_residual),
+                DataDirection::Out => residual(rsp.data_out_residual),
+                _ => Residual::None,
+            };
+            s.response = Some((CommandOutcome::Scsi(rsp.status), res));
+            let sense = rsp.sense.unwrap_or(&[]);
+            let n = sense.len().min(SENSE_MAX);
+            if let (Some(dst), Some(src)) = (s.sense.get_mut(..n), sense.get(..n)) {
+                dst.copy_from_slice(src);
+            }
+            s.sense_len = n;
+            let ok = self.start_invalidation(&mut s, conn, tag.slot, irql);
+            (s.take_finished(tag.slot), !ok)
+        };
+        if broken {
+            self.conn_failed(conn, Cause::Transport, Why::Batch, irql);
+        }
+        if let Some(done) = done {
+            self.finish_command(t, ch, done, irql);
+        }
+    }
+
+    // -- responses to target requests ----------------------------------------
+
+    fn respond(
+        &self,
+        t: &Target<P>,
+        ch: &Channel<P>,
+        conn: &Arc<Conn<P>>,
+        opcode: Opcode,
+        tag: u64,
+        irql: &Dispatch<'_>,
+    ) {
+        let index = {
+            let mut st = ch.state.lock(irql);
+            if !st.is_current(conn) {
+                return;
+            }
+            match st.take_rsp_iu() {
+                Some(index) => index,
+                None => {
+                    if st.owed.push_back((opcode.to_u8(), tag)).is_err() {
+                        drop(st);
+                        bump(&t.counters.dropped_responses);
+                    }
+                    return;
+                }
+            }
+        };
+        self.send_response(t, ch, conn, index, opcode, tag, irql);
+    }
+
+    #[expect(clippy::too_many_arguments, reason = "the parts of a response")]
+    fn send_response(
+        &self,
+        t: &Target<P>,
+        ch: &Channel<P>,
+        conn: &Arc<Conn<P>>,
+        index: u8,
+        opcode: Opcode,
+        tag: u64,
+        irql: &Dispatch<'_>,
+    ) {
+        let mut buf = [0u8; 16];
+        let emitted = match opcode {
+            Opcode::AerRsp => AerRspRepr { tag }.emit(&mut AerRsp::new_unchecked(&mut buf[..])),
+            _ => CredRspRepr { tag }.emit(&mut CredRsp::new_unchecked(&mut buf[..])),
+        };
+        let offset = conn.layout.rsp_offset(index);
+        let sent = emitted.is_ok()
+            && conn
+                .tx
+                .mem()
+                .write(usize::try_from(offset).unwrap_or(usize::MAX), &buf)
+                .is_ok()
+            && conn.tx_sge(offset, 16).is_some_and(|sge| {
+                conn.qp.begin_send(irql).is_ok_and(|mut batch| {
+                    let ok = batch
+                        .send(
+                            &SendWr::new(Payload::Sges(&[sge])),
+                            Signal::Signalled(WrCtx::RspSend(index)),
+                        )
+                        .is_ok();
+                    ok && batch.commit() == 1
+                })
+            });
+        if !sent {
+            bump(&t.counters.dropped_responses);
+            let mut st = ch.state.lock(irql);
+            if st.is_current(conn) {
+                st.rsp_free |= 1 << index;
+            }
+        }
+    }
+
+    fn rsp_send_done(
+        &self,
+        t: &Target<P>,
+        ch: &Channel<P>,
+        conn: &Arc<Conn<P>>,
+        index: u8,
+        irql: &Dispatch<'_>,
+    ) {
+        let next = {
+            let mut st = ch.state.lock(irql);
+            if !st.is_current(conn) {
+                return;
+            }
+            match st.owed.pop_front() {
+                Some(owed) => Some(owed),
+                None => {
+                    st.rsp_free |= 1 << index;
+                    None
+                }
+            }
+        };
+        if let Some((op, tag)) = next {
+            let opcode = Opcode::from_u8(op).unwrap_or(Opcode::CredRsp);
+            self.send_response(t, ch, conn, index, opcode, tag, irql);
+        }
+    }
+
+    // -- task management ------------------------------------------------------
+
+    pub(crate) fn abort_task(
+        &self,
+        target: u8,
+        lun: Lun,
+        victim: Tag,
+        tmf: Tag,
+        irql: &impl LeDispatch,
+    ) -> Result<(), TmfRefused> {
+        let t = self.target(target).ok_or(TmfRefused::NotConnected)?;
+        let mut found = None;
+        for ch in t.channels.iter() {
+            let Some(i) = ch.find_core(victim) else {
+                continue;
+            };
+            let Some(slot_lock) = ch.slots.get(i) else {
+                continue;
+            };
+            let s = slot_lock.lock(irql);
+            if s.phase == SlotPhase::Posted && s.core == victim {
+                let index = u16::try_from(i).unwrap_or(u16::MAX);
+                found = Some((ch.index, index, s.generation));
+                break;
+            }
+        }
+        let (channel, slot, generation) = found.ok_or(TmfRefused::UnknownTask)?;
+        let task_tag = WireTag {
+            kind: TagKind::Command,
+            generation,
+            slot,
+            core: victim.raw(),
+        }
+        .encode();
+        self.send_tmf(
+            t,
+            channel,
+            TaskMgmtFunction::AbortTask,
+            lun,
+            task_tag,
+            Some((channel, slot, generation)),
+            tmf,
+            irql,
+        )
+    }
+
+    pub(crate) fn reset_lun(
+        &self,
+        target: u8,
+        lun: Lun,
+        tmf: Tag,
+        irql: &impl LeDispatch,
+    ) -> Result<(), TmfRefused> {
+        let t = self.target(target).ok_or(TmfRefused::NotConnected)?;
+        let channel = t
+            .channels
+            .iter()
+            .find(|c| c.state.lock(irql).live)
+            .map(|c| c.index)
+            .ok_or(TmfRefused::NotConnected)?;
+        self.send_tmf(
+            t,
+            channel,
+            TaskMgmtFunction::LunReset,
+            lun,
+            0,
+            None,
+            tmf,
+            irql,
+        )
+    }
+
+    #[expect(clippy::too_many_arguments, reason = "the fields of a TMF")]
+    fn send_tmf(
+        &self,
+        t: &Target<P>,
+        channel: u8,
+        function: TaskMgmtFunction,
+        lun: Lun,
+        task_tag: u64,
+        victim: Option<(u8, u16, u16)>,
+        tmf: Tag,
+        irql: &impl LeDispatch,
+    ) -> Result<(), TmfRefused> {
+        let ch = t
+            .channels
+            .get(usize::from(channel))
+            .ok_or(TmfRefused::NotConnected)?;
+        let (index, conn) = {
+            let mut st = ch.state.lock(irql);
+            if !st.live {
+                return Err(TmfRefused::NotConnected);
+            }
+            let conn = st.current().ok_or(TmfRefused::NotConnected)?;
+            let Some(index) = st.tmf_free.pop() else {
+                return Err(TmfRefused::Busy);
+            };
+            if !st.credits.take_tmf() {
+                let _ = st.tmf_free.push(index);
+                return Err(TmfRefused::Busy);
+            }
+            (index, conn)
+        };
+        let Some(slot_lock) = ch.tmfs.get(usize::from(index)) else {
+            return Err(TmfRefused::Busy);
+        };
+        let sent = {
+            let mut s = slot_lock.lock(irql);
+            s.phase = TmfPhase::Sent;
+            s.conn = Some(Arc::clone(&conn));
+            s.epoch = conn.epoch;
+            s.core = tmf;
+            s.function = function;
+            s.lun = lun;
+            s.victim = victim;
+            s.deadline = now_ns::<P>().saturating_add(
+                u64::try_from(self.config.tmf_timeout.as_nanos()).unwrap_or(u64::MAX),
+            );
+            s.send_done = false;
+            s.response = None;
+            s.marking_done = false;
+            s.waiting = 0;
+            let repr = TskMgmtRepr {
+                sol_not: SolNot::empty(),
+                tag: WireTag {
+                    kind: TagKind::Tmf,
+                    generation: s.generation,
+                    slot: index,
+                    core: tmf.raw(),
+                }
+                .encode(),
+                lun,
+                function,
+                task_tag,
+            };
+            let mut buf = [0u8; 48];
+            let offset = conn.layout.tmf_offset(index);
+            let generation = s.generation;
+            let ok = repr.emit(&mut TskMgmt::new_unchecked(&mut buf[..])).is_ok()
+                && conn
+                    .tx
+                    .mem()
+                    .write(usize::try_from(offset).unwrap_or(usize::MAX), &buf)
+                    .is_ok()
+                && conn.tx_sge(offset, 48).is_some_and(|sge| {
+                    conn.qp.begin_send(irql).is_ok_and(|mut batch| {
+                        batch
+                            .send(
+                                &SendWr::new(Payload::Sges(&[sge])),
+                                Signal::Signalled(WrCtx::TmfSend {
+                                    slot: index,
+                                    generation,
+                                }),
+                            )
+                            .is_ok()
+                            && batch.commit() == 1
+                    })
+                });
+            if !ok {
+                s.clear();
+            }
+            ok
+        };
+        if !sent {
+            let mut st = ch.state.lock(irql);
+            let _ = st.tmf_free.push(index);
+            if st.is_current(&conn) {
+                st.credits.give_back();
+            }
+            return Err(TmfRefused::NotConnected);
+        }
+        bump(&t.counters.tmfs_sent);
+        self.rearm(t, irql);
+        Ok(())
+    }
+
+    fn tmf_response(
+        &self,
+        t: &Target<P>,
+        ch: &Channel<P>,
+        conn: &Arc<Conn<P>>,
+        tag: WireTag,
+        rsp: &RspRepr<'_>,
+        irql: &Dispatch<'_>,
+    ) {
+        let Some(slot_lock) = ch.tmfs.get(usize::from(tag.slot)) else {
+            bump(&t.counters.stale_responses);
+            return;
+        };
+        let response = tmf_response(rsp.tm_response());
+        let (function, lun, victim, me) = {
+            let mut s = slot_lock.lock(irql);
+            let ours = s.generation == tag.generation
+                && s.phase == TmfPhase::Sent
+                && s.core.raw() == tag.core
+                && s.conn.as_ref().is_some_and(|c| Arc::ptr_eq(c, conn))
+                && s.response.is_none();
+            if !ours {
+                drop(s);
+                bump(&t.counters.stale_responses);
+                return;
+            }
+            s.response = Some(response);
+            (
+                s.function,
+                s.lun,
+                s.victim,
+                TmfRef {
+                    channel: ch.index,
+                    slot: tag.slot,
+                    generation: tag.generation,
+                },
+            )
+        };
+        let mut count = 0i32;
+        if matches!(response, TmfResponse::Complete | TmfResponse::Succeeded) {
+            let (outcome, only) = match function {
+                TaskMgmtFunction::AbortTask => (CommandOutcome::Aborted, victim),
+                _ => (CommandOutcome::Reset, None),
+            };
+            for vch in t.channels.iter() {
+                for (i, vslot) in vch.slots.iter().enumerate() {
+                    let index = u16::try_from(i).unwrap_or(u16::MAX);
+                    if let Some((c, s, _)) = only {
+                        if c != vch.index || s != index {
+                            continue;
+                        }
+                    } else if function != TaskMgmtFunction::LunReset {
+                        continue;
+                    }
+                    let (marked, done, broken) = {
+                        let mut v = vslot.lock(irql);
+                        let selected = v.phase == SlotPhase::Posted
+                            && match only {
+                                Some((_, _, generation)) => v.generation == generation,
+                                None => v.lun == lun,
+                            };
+                        if !selected {
+                            (false, None, false)
+                        } else {
+                            v.waiter = Some(me);
+                            if v.response.is_none() {
+                                v.response = Some((outcome, Residual::None));
+                                v.sense_len = 0;
+                            }
+                            let vconn = v.conn.clone();
+                            let ok = match &vconn {
+                                Some(c) => self.start_invalidation(&mut v, c, index, irql),
+                                None => true,
+                            };
+                            (true, v.take_finished(index), !ok)
+                        }
+                    };
+                    if marked {
+                        count += 1;
+                    }
+                    if broken {
+                        self.target_failed(t, irql);
+                    }
+                    if let Some(done) = done {
+                        self.finish_command(t, vch, done, irql);
+                    }
+                }
+            }
+        }
+        let done = {
+            let mut s = slot_lock.lock(irql);
+            if s.generation != me.generation {
+                return;
+            }
+            s.marking_done = true;
+            s.waiting += count;
+            s.take_finished()
+        };
+        if let Some((core, response)) = done {
+            self.finish_tmf(ch, me.slot, core, response, irql);
+        }
+    }
+
+    fn tmf_victim_done(&self, t: &Target<P>, w: TmfRef, irql: &Dispatch<'_>) {
+        let Some(ch) = t.channels.get(usize::from(w.channel)) else {
+            return;
+        };
+        let Some(slot_lock) = ch.tmfs.get(usize::from(w.slot)) else {
+            return;
+        };
+        let done = {
+            let mut s = slot_lock.lock(irql);
+            if s.generation != w.generation {
+                return;
+            }
+            s.waiting -= 1;
+            s.take_finished()
+        };
+        if let Some((core, response)) = done {
+            self.finish_tmf(ch, w.slot, core, response, irql);
+        }
+    }
+
+    fn tmf_send_done(
+        &self,
+        _t: &Target<P>,
+        ch: &Channel<P>,
+        conn: &Arc<Conn<P>>,
+        slot: u16,
+        generation: u16,
+        irql: &Dispatch<'_>,
+    ) {
+        let Some(slot_lock) = ch.tmfs.get(usize::from(slot)) else {
+            return;
+        };
+        enum After {
+            Nothing,
+            Free,
+            Done(Tag, TmfResponse),
+        }
+        let after = {
+            let mut s = slot_lock.lock(irql);
+            if s.generation != generation || !s.conn.as_ref().is_some_and(|c| Arc::ptr_eq(c, conn))
+            {
+                return;
+            }
+            s.send_done = true;
+            if s.phase == TmfPhase::Abandoned {
+                s.clear();
+                After::Free
+            } else {
+                match s.take_finished() {
+                    Some((core, response)) => After::Done(core, response),
+                    None => After::Nothing,
+                }
+            }
+        };
+        match after {
+            After::Nothing => {}
+            After::Free => {
+                let _ = ch.state.lock(irql).tmf_free.push(slot);
+            }
+            After::Done(core, response) => self.finish_tmf(ch, slot, core, response, irql),
+        }
+    }
+
+    fn finish_tmf(
+        &self,
+        ch: &Channel<P>,
+        slot: u16,
+        core: Tag,
+        response: TmfResponse,
+        irql: &Dispatch<'_>,
+    ) {
+        let _ = ch.state.lock(irql).tmf_free.push(slot);
+        self.upcalls().tmf_done(core, response, irql);
+    }
+
+    /// Reports every TMF of `ch` unanswered past its deadline.
+    pub(crate) fn expire_tmfs(
+        &self,
+        t: &Target<P>,
+        ch: &Channel<P>,
+        now: u64,
+        irql: &Dispatch<'_>,
+    ) {
+        for (i, slot_lock) in ch.tmfs.iter().enumerate() {
+            let index = u16::try_from(i).unwrap_or(u16::MAX);
+            let expired = {
+                let mut s = slot_lock.lock(irql);
+                if s.phase != TmfPhase::Sent || s.response.is_some() || s.deadline > now {
+                    continue;
+                }
+                let core = s.core;
+                let free = s.send_done;
+                if free {
+                    s.clear();
+                } else {
+                    // Its SEND may still complete: keep the IU until then.
+                    s.phase = TmfPhase::Abandoned;
+                }
+                (core, free)
+            };
+            bump(&t.counters.tmf_timeouts);
+            if expired.1 {
+                let _ = ch.state.lock(irql).tmf_free.push(index);
+            }
+            self.upcalls().tmf_done(
+                expired.0,
+                TmfResponse::Transport(FailureKind::Timeout),
+                irql,
+            );
+        }
+    }
+
+    // -- the end of a connection ----------------------------------------------
+
+    /// The outcome of a command the end of `conn` fenced.
+    fn fence_outcome(
+        &self,
+        t: &Target<P>,
+        conn: &Arc<Conn<P>>,
+        irql: &Dispatch<'_>,
+    ) -> CommandOutcome {
+        match t.state() {
+            TargetState::FailFast => CommandOutcome::Failed(FailureKind::FailFast),
+            TargetState::Lost => CommandOutcome::Failed(FailureKind::DeviceLost),
+            _ => match conn.cause(irql) {
+                Cause::Reset => CommandOutcome::Reset,
+                Cause::DeviceLost => CommandOutcome::Failed(FailureKind::DeviceLost),
+                Cause::Transport | Cause::Stop => {
+                    CommandOutcome::Failed(FailureKind::ConnectionReset)
+                }
+            },
+        }
+    }
+
+    /// The QP of `conn` is flushed: everything still open on it is fenced
+    /// and completes now.
+    pub(crate) fn on_flushed(&self, conn: &Arc<Conn<P>>, irql: &Dispatch<'_>) {
+        let Some((t, ch)) = self.locate(conn) else {
+            return;
+        };
+        let outcome = self.fence_outcome(t, conn, irql);
+        for (i, slot_lock) in ch.slots.iter().enumerate() {
+            let index = u16::try_from(i).unwrap_or(u16::MAX);
+            let done = {
+                let mut s = slot_lock.lock(irql);
+                if !s.conn.as_ref().is_some_and(|c| Arc::ptr_eq(c, conn)) {
+                    continue;
+                }
+                match s.phase {
+                    SlotPhase::Free => None,
+                    SlotPhase::Prepared => {
+                        // Its post will fail; its MRs go back now so the
+                        // pool can be destroyed.
+                        s.drop_mrs();
+                        s.lost = true;
+                        None
+                    }
+                    SlotPhase::Posted => {
+                        if s.response.is_none() {
+                            s.response = Some((outcome, Residual::None));
+                            s.sense_len = 0;
+                            s.fenced = true;
+                        }
+                        s.send_done = true;
+                        s.inv_done = true;
+                        s.drop_mrs();
+                        s.take_finished(index)
+                    }
+                }
+            };
+            if let Some(done) = done {
+                self.finish_command(t, ch, done, irql);
+            }
+        }
+        let kind = match outcome {
+            CommandOutcome::Failed(kind) => kind,
+            _ => FailureKind::ConnectionReset,
+        };
+        for (i, slot_lock) in ch.tmfs.iter().enumerate() {
+            let index = u16::try_from(i).unwrap_or(u16::MAX);
+            enum After {
+                Nothing,
+                Free,
+                Done(Tag, TmfResponse),
+            }
+            let after = {
+                let mut s = slot_lock.lock(irql);
+                if !s.conn.as_ref().is_some_and(|c| Arc::ptr_eq(c, conn)) {
+                    continue;
+                }
+                match s.phase {
+                    TmfPhase::Free => After::Nothing,
+                    TmfPhase::Abandoned => {
+                        s.clear();
+                        After::Free
+                    }
+                    TmfPhase::Sent => {
+                        if s.response.is_none() {
+                            s.response = Some(TmfResponse::Transport(kind));
+                            s.marking_done = true;
+                        }
+                        s.send_done = true;
+                        match s.take_finished() {
+                            Some((core, r)) => After::Done(core, r),
+                            None => After::Nothing,
+                        }
+                    }
+                }
+            };
+            match after {
+                After::Nothing => {}
+                After::Free => {
+                    let _ = ch.state.lock(irql).tmf_free.push(index);
+                }
+                After::Done(core, r) => self.finish_tmf(ch, index, core, r, irql),
+            }
+        }
+    }
+
+    /// A CM event of `conn`.
+    pub(crate) fn on_cm_event(&self, conn: &Arc<Conn<P>>, event: CmEvent<'_>, irql: &Dispatch<'_>) {
+        let Some((t, ch)) = self.locate(conn) else {
+            return;
+        };
+        match event {
+            CmEvent::Established { private_data } => {
+                let rx_len = conn.layout.rx_stride;
+                match login::accept_login_response(private_data, &conn.login, rx_len) {
+                    Ok(neg) => {
+                        let live = {
+                            let mut life = conn.life.lock(irql);
+                            life.negotiated = Some(neg);
+                            if life.phase == Phase::Connecting {
+                                life.phase = Phase::Live;
+                                true
+                            } else {
+                                false
+                            }
+                        };
+                        let attached = live && {
+                            let mut st = ch.state.lock(irql);
+                            if st.is_current(conn) && st.pending == Some(conn.epoch) {
+                                st.go_live(&neg, conn.qp.send_capacity());
+                                true
+                            } else {
+                                false
+                            }
+                        };
+                        if attached {
+                            self.channel_logged_in(conn.target, conn.channel, conn.epoch, irql);
+                        } else {
+                            self.retire_conn(t, ch, conn, Cause::Stop, irql);
+                        }
+                    }
+                    Err(e) => {
+                        conn.life.lock(irql).failure = Some(LoginFailure::BadResponse(e));
+                        self.retire_conn(t, ch, conn, Cause::Transport, irql);
+                        self.channel_login_failed(
+                            conn.target,
+                            conn.channel,
+                            conn.epoch,
+                            LoginFailure::BadResponse(e),
+                            irql,
+                        );
+                    }
+                }
+            }
+            CmEvent::Rejected {
+                reason,
+                private_data,
+            } => {
+                let failure = login::interpret_reject(reason, private_data);
+                self.cm_terminal(t, ch, conn, irql);
+                self.channel_login_failed(conn.target, conn.channel, conn.epoch, failure, irql);
+            }
+            CmEvent::Unreachable { .. } => {
+                self.cm_terminal(t, ch, conn, irql);
+                self.channel_login_failed(
+                    conn.target,
+                    conn.channel,
+                    conn.epoch,
+                    LoginFailure::Unreachable,
+                    irql,
+                );
+            }
+            CmEvent::Disconnected { cause, .. } => {
+                let was_live = {
+                    let st = ch.state.lock(irql);
+                    st.is_current(conn) && st.live
+                };
+                if was_live && cause != kverbs::cm::DisconnectCause::Local {
+                    t.counters
+                        .last_transport_failure
+                        .store(Why::PeerDisconnect.code(), Ordering::Relaxed);
+                }
+                let phase = conn.life.lock(irql).phase;
+                self.cm_terminal(t, ch, conn, irql);
+                if was_live {
+                    self.target_failed(t, irql);
+                } else if phase == Phase::Connecting {
+                    self.channel_login_failed(
+                        conn.target,
+                        conn.channel,
+                        conn.epoch,
+                        LoginFailure::Disconnected,
+                        irql,
+                    );
+                }
+            }
+        }
+    }
+
+    /// The CM ended `conn` on its own: the connection ends too.
+    fn cm_terminal(
+        &self,
+        t: &Target<P>,
+        ch: &Channel<P>,
+        conn: &Arc<Conn<P>>,
+        irql: &Dispatch<'_>,
+    ) {
+        conn.life.lock(irql).cm_terminal = true;
+        self.retire_conn(t, ch, conn, Cause::Transport, irql);
+        conn.cm_ended(irql);
+    }
+}

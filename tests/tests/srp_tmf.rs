@@ -1,0 +1,194 @@
+//! Full stack, task management: ABORT TASK under load, LOGICAL UNIT
+//! RESET during I/O, and a TMF that times out. Every command and every
+//! task management request completes exactly once, with the outcome the
+//! target's answer (or its silence) says.
+
+use std::time::Duration;
+
+use kverbs::platform::host::VerifierAllocator;
+use kverbs_tests::srp_target::{Misbehaviour, Selector};
+use kverbs_tests::{Stack, StackConfig, TargetSetup, Workload};
+use kverbs_tools::scsi_target::FaultRule;
+use storport_srp::srp::SrpConfig;
+use storport_srp::storport::host::RequestSpec;
+use storport_srp::storport::{Address, SrbFunction, SrbStatus};
+
+#[global_allocator]
+static ALLOCATOR: VerifierAllocator = VerifierAllocator;
+
+fn wide() -> TargetSetup {
+    TargetSetup::standard().keys("cmd_sg_entries=255,sg_tablesize=2048,ch_count=2")
+}
+
+/// Submits `ios` at once; returns their ids.
+fn submit_all(s: &Stack, ios: &[kverbs_tests::Io], p: &kverbs::irql::Passive<'_>) -> Vec<u32> {
+    ios.iter().map(|io| s.submit(&io.spec(s), p)).collect()
+}
+
+#[test]
+fn abort_task_under_load() {
+    let config = StackConfig {
+        targets: vec![wide()],
+        ..StackConfig::default()
+    };
+    Stack::run(&config, |s, p| {
+        let target = s.target(0);
+        target.set_misbehaviour(
+            Misbehaviour::DropResponses {
+                which: Selector::Seeded {
+                    probability: 0.1,
+                    seed: 17,
+                    limit: Some(6),
+                },
+            },
+            p,
+        );
+        let mut w = Workload::new(21);
+        let ios = w.disjoint_ios(120, 0, 0, 512, 32768, 512, 16384, 0.5);
+        // At most 64 in flight at once.
+        let mut ids = Vec::new();
+        for chunk in ios.chunks(60) {
+            ids.extend(submit_all(s, chunk, p));
+            assert!(s.wait_until(Duration::from_secs(20), || {
+                let dropped = target.counters().responses_dropped as usize;
+                ids.iter().filter(|id| !s.done(**id)).count() <= dropped
+            }));
+        }
+        let victims: Vec<u32> = ids.iter().copied().filter(|id| !s.done(*id)).collect();
+        assert!(!victims.is_empty(), "some responses were dropped");
+        assert_eq!(victims.len() as u64, target.counters().responses_dropped);
+        let aborts: Vec<u32> = victims
+            .iter()
+            .map(|v| s.submit(&RequestSpec::abort(Address::new(0, 0, 0), *v), p))
+            .collect();
+        let out = s.wait(&aborts, Duration::from_secs(20), None, p);
+        for o in &out {
+            assert_eq!(o.status.base(), SrbStatus::SUCCESS, "{o:?}");
+        }
+        for o in s.wait(&victims, Duration::from_secs(1), None, p) {
+            assert_eq!(o.status.base(), SrbStatus::ABORTED, "{o:?}");
+            assert_eq!(o.data_transfer_length, 0);
+        }
+        let st = s.stats(0, p);
+        assert_eq!(st.tmfs_sent, victims.len() as u64, "{st:?}");
+        assert_eq!(target.counters().tm_abort_task, victims.len() as u64);
+        // Everything else completed normally and checks out.
+        for (io, id) in ios.iter().zip(&ids) {
+            if victims.contains(id) {
+                continue;
+            }
+            let o = s.model.outcome(*id).unwrap();
+            assert_eq!(o.status.base(), SrbStatus::SUCCESS, "{o:?}");
+            let data = s.model.data(*id).unwrap();
+            s.check(
+                io,
+                &kverbs_tests::IoDone {
+                    id: *id,
+                    outcome: o,
+                    data,
+                },
+            );
+        }
+        // An abort of a request that is no longer outstanding fails.
+        let late = s.submit(&RequestSpec::abort(Address::new(0, 0, 0), ids[0]), p);
+        let o = s.wait(&[late], Duration::from_secs(5), None, p);
+        assert_eq!(o[0].status.base(), SrbStatus::ABORT_FAILED, "{o:?}");
+    });
+}
+
+#[test]
+fn lun_reset_during_io_completes_the_lun_first() {
+    let config = StackConfig {
+        targets: vec![wide()],
+        ..StackConfig::default()
+    };
+    Stack::run(&config, |s, p| {
+        let target = s.target(0);
+        target.set_misbehaviour(
+            Misbehaviour::DelayResponses {
+                delay: Duration::from_secs(30),
+                which: Selector::All,
+            },
+            p,
+        );
+        let mut w = Workload::new(22);
+        let lun0 = w.disjoint_ios(40, 0, 0, 512, 32768, 512, 8192, 0.5);
+        let ids0 = submit_all(s, &lun0, p);
+        assert!(s.wait_until(Duration::from_secs(10), || {
+            target.counters().responses_delayed >= 30
+        }));
+        let reset = s.submit(
+            &RequestSpec::function(SrbFunction::ResetLogicalUnit, Address::new(0, 0, 0)),
+            p,
+        );
+        let start = std::time::Instant::now();
+        while !s.done(reset) {
+            assert!(start.elapsed() < Duration::from_secs(20), "reset not done");
+            std::thread::yield_now();
+        }
+        // Reported only after every command of the LUN completed.
+        assert!(
+            ids0.iter().all(|id| s.done(*id)),
+            "a LUN command outlived its reset"
+        );
+        assert_eq!(
+            s.model.outcome(reset).unwrap().status.base(),
+            SrbStatus::SUCCESS
+        );
+        let mut reset_count = 0;
+        for o in s.wait(&ids0, Duration::from_secs(1), None, p) {
+            match o.status.base() {
+                SrbStatus::BUS_RESET => reset_count += 1,
+                SrbStatus::SUCCESS => {}
+                other => panic!("unexpected {other:?}: {o:?}"),
+            }
+        }
+        assert!(reset_count >= 30, "{reset_count}");
+        assert_eq!(target.counters().tm_lun_reset, 1);
+        target.clear_misbehaviour();
+        // The LUN works again; the other LUN never stopped.
+        let (o, _) = s.read(0, 0, 0, 8, storport_srp::storport::host::SgShape::Pages, p);
+        assert_eq!(o.status.base(), SrbStatus::SUCCESS);
+        let (o, _) = s.read(0, 1, 0, 2, storport_srp::storport::host::SgShape::Pages, p);
+        assert_eq!(o.status.base(), SrbStatus::SUCCESS);
+    });
+}
+
+#[test]
+fn tmf_timeout_is_reported_and_the_late_answer_ignored() {
+    let config = StackConfig {
+        srp: SrpConfig {
+            tmf_timeout: Duration::from_millis(200),
+            ..StackConfig::default().srp
+        },
+        ..StackConfig::default()
+    };
+    Stack::run(&config, |s, p| {
+        // The target's channel thread is stuck in this command for 1.5 s:
+        // the abort is not answered in time.
+        s.target(0).set_misbehaviour(
+            Misbehaviour::ScsiFault(FaultRule::delay(Duration::from_millis(1500)).times(1)),
+            p,
+        );
+        let spec = RequestSpec::scsi_in(
+            Address::new(0, 0, 0),
+            &kverbs_tests::rw_cdb(true, 0, 8),
+            4096,
+        );
+        let id = s.submit(&spec, p);
+        std::thread::sleep(Duration::from_millis(50));
+        let abort = s.submit(&RequestSpec::abort(Address::new(0, 0, 0), id), p);
+        let o = s.wait(&[abort], Duration::from_secs(5), None, p);
+        assert_eq!(o[0].status.base(), SrbStatus::ABORT_FAILED, "{o:?}");
+        let st = s.stats(0, p);
+        assert_eq!(st.tmf_timeouts, 1, "{st:?}");
+        // The command itself completes when the target gets to it.
+        let o = s.wait(&[id], Duration::from_secs(10), None, p);
+        assert_eq!(o[0].status.base(), SrbStatus::SUCCESS, "{o:?}");
+        // The late TMF answer finds nothing (its slot moved on).
+        assert!(
+            s.wait_until(Duration::from_secs(5), || s.stats(0, p).stale_responses
+                >= 1)
+        );
+    });
+}
