@@ -14,10 +14,12 @@
 //! * **verification** ([`verify`]): a pattern that encodes disk, sector and
 //!   write generation, checked on every read.
 //!
-//! What the I/O goes through is a [`backend::Backend`]: the plain RAM
-//! backend ([`ram`]), or the StorPort model driving the miniport core over
-//! a transport ([`model`]): the in-process loopback transport
-//! ([`loopback`]) until the SRP engine is available.
+//! What the I/O goes through is a [`backend::Backend`]: the StorPort model
+//! driving the miniport core over a transport ([`model`]) — the SRP engine
+//! over the software HCAs to the software SRP target ([`srp`], the full
+//! stack), or the in-process loopback transport ([`loopback`]: the model
+//! and the core alone) — or the plain RAM backend ([`ram`], the engine's
+//! ceiling).
 
 pub mod backend;
 pub mod engine;
@@ -27,6 +29,7 @@ pub mod plot;
 pub mod ram;
 pub mod report;
 pub mod spec;
+pub mod srp;
 pub mod stats;
 pub mod verify;
 pub mod workload;

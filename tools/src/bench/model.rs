@@ -21,6 +21,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
+use kverbs::irql::Passive;
 use kverbs::platform::host::{HostConfig, HostPlatform};
 use storport_srp::miniport::{Adapter, AdapterConfig, CoreContext, TMF_SLOTS};
 use storport_srp::scsi::{
@@ -91,6 +92,16 @@ struct Shared<M: HwMiniport<HostPort>> {
     settle_timeout: Duration,
 }
 
+/// How a stack is taken down at [`ModelBackend::finish`]: given the model
+/// and what the backend kept, it stops the stack (freeing the adapter) and
+/// returns every broken promise it found. Without one, `finish` just frees
+/// the adapter.
+pub type Teardown<M> = Box<
+    dyn FnOnce(&mut StorPortModel<M>, &mut (dyn Any + Send + Sync), &Passive<'_>) -> Vec<String>
+        + Send
+        + Sync,
+>;
+
 /// A backend over the StorPort model (see the module docs).
 pub struct ModelBackend<M: HwMiniport<HostPort>> {
     shared: Arc<Shared<M>>,
@@ -100,6 +111,7 @@ pub struct ModelBackend<M: HwMiniport<HostPort>> {
     identity: ModelIdentity,
     /// Whatever must live as long as the stack (fabric, target).
     keep: Box<dyn Any + Send + Sync>,
+    teardown: Option<Teardown<M>>,
 }
 
 /// Requests the model's table holds (each backend request is created once
@@ -112,7 +124,8 @@ const SETUP_TIMEOUT: Duration = Duration::from_secs(30);
 impl<M: HwMiniport<HostPort>> ModelBackend<M> {
     /// Wraps a started model (adapter found and initialised, targets
     /// connecting or connected) whose adapter reported `limits`; discovers
-    /// the disks. `keep` is held until the backend is dropped.
+    /// the disks. `keep` is held until the backend is finished or dropped;
+    /// `teardown` takes the stack down at [`Self::finish`].
     ///
     /// # Errors
     /// [`BackendError`] if no disk answers READ CAPACITY(16).
@@ -122,6 +135,7 @@ impl<M: HwMiniport<HostPort>> ModelBackend<M> {
         identity: ModelIdentity,
         sg_shape: SgShape,
         keep: Box<dyn Any + Send + Sync>,
+        teardown: Option<Teardown<M>>,
     ) -> Result<Self, BackendError> {
         let platform = model.platform().clone();
         let routes = Routes {
@@ -147,6 +161,7 @@ impl<M: HwMiniport<HostPort>> ModelBackend<M> {
             addresses: Vec::new(),
             identity,
             keep,
+            teardown,
         };
         backend.discover(limits)?;
         Ok(backend)
@@ -245,7 +260,11 @@ impl<M: HwMiniport<HostPort>> ModelBackend<M> {
     #[must_use]
     pub fn finish(self) -> Vec<String> {
         let Self {
-            shared, platform, ..
+            shared,
+            platform,
+            mut keep,
+            teardown,
+            ..
         } = self;
         let mut found = Vec::new();
         match Arc::try_unwrap(shared) {
@@ -253,8 +272,12 @@ impl<M: HwMiniport<HostPort>> ModelBackend<M> {
                 if !platform.quiesce(SETUP_TIMEOUT) {
                     found.push("queued DPCs or work items did not finish".to_owned());
                 }
-                platform.run_passive(|p| shared.model.free_adapter(p));
+                platform.run_passive(|p| match teardown {
+                    Some(teardown) => found.extend(teardown(&mut shared.model, keep.as_mut(), p)),
+                    None => shared.model.free_adapter(p),
+                });
                 platform.quiesce(SETUP_TIMEOUT);
+                shared.model.check_all_completed();
                 found.extend(
                     shared
                         .model
@@ -659,5 +682,6 @@ pub fn loopback_backend(
         },
         options.sg_shape,
         Box::new(targets),
+        None,
     )
 }

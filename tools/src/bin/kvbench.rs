@@ -15,12 +15,15 @@ use indicatif::{ProgressBar, ProgressStyle};
 use kverbs_tools::bench::engine::{
     CancelToken, Observer, Phase, RunConfig, SuiteResult, run_suite,
 };
-use kverbs_tools::bench::model::{LoopbackOptions, loopback_backend};
+use kverbs_tools::bench::model::{
+    LoopbackMiniport, LoopbackOptions, ModelBackend, loopback_backend,
+};
 use kverbs_tools::bench::ram::RamBackend;
 use kverbs_tools::bench::spec::{
     AccessSpec, DEFAULT_SUITE, builtin_spec, builtin_specs, format_bytes, load_spec_file,
     parse_bytes,
 };
+use kverbs_tools::bench::srp::{SrpMiniport, SrpOptions, srp_backend};
 use kverbs_tools::bench::stats::SpecResult;
 use kverbs_tools::bench::{Backend, plot, report};
 use kverbs_tools::scsi_target::BlockSize;
@@ -202,6 +205,19 @@ struct Args {
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=64))]
     processors: u32,
 
+    /// SRP: RC channels per target (`ch_count`).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=16))]
+    channels: u32,
+
+    /// SRP: commands per channel (`queue_size`); default the engine's.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(2..=4096))]
+    queue_size: Option<u32>,
+
+    /// SRP: do not ask for immediate data (every write is fetched by RDMA
+    /// READ).
+    #[arg(long)]
+    no_immediate: bool,
+
     /// No progress bar.
     #[arg(long)]
     no_progress: bool,
@@ -336,11 +352,11 @@ fn collect_specs(args: &Args) -> Result<Vec<AccessSpec>, String> {
     Ok(specs)
 }
 
+/// The stack a run goes through.
 enum Built {
     Boxed(Box<dyn Backend>),
-    Loopback(
-        kverbs_tools::bench::model::ModelBackend<kverbs_tools::bench::model::LoopbackMiniport>,
-    ),
+    Loopback(ModelBackend<LoopbackMiniport>),
+    Srp(ModelBackend<SrpMiniport>),
 }
 
 impl Built {
@@ -348,6 +364,7 @@ impl Built {
         match self {
             Self::Boxed(b) => b.as_ref(),
             Self::Loopback(b) => b,
+            Self::Srp(b) => b,
         }
     }
 
@@ -356,6 +373,7 @@ impl Built {
         match self {
             Self::Boxed(_) => Vec::new(),
             Self::Loopback(b) => b.finish(),
+            Self::Srp(b) => b.finish(),
         }
     }
 }
@@ -369,12 +387,22 @@ fn build(args: &Args) -> Result<Built, String> {
         Shape::Odd => SgShape::Odd { seed: args.seed },
     };
     match args.transport {
-        TransportKind::Srp => Err(
-            "the SRP transport is not available in this build yet: the SRP engine and the \
-             software SRP target have not landed on this branch. Use --transport loopback (the \
-             StorPort model and miniport core over an in-process transport) or --transport ram."
-                .into(),
-        ),
+        TransportKind::Srp => {
+            let options = SrpOptions {
+                targets: args.targets,
+                luns: args.luns,
+                lun_bytes: args.lun_size,
+                block_size,
+                sg_shape,
+                processors: args.processors,
+                channels: args.channels,
+                queue_size: args.queue_size,
+                immediate_data: !args.no_immediate,
+            };
+            srp_backend(&options)
+                .map(Built::Srp)
+                .map_err(|e| format!("cannot build the SRP stack: {e}"))
+        }
         TransportKind::Iser => {
             Err("the iSER transport does not exist yet; use --transport loopback or ram".into())
         }
