@@ -177,6 +177,32 @@ fn a_short_run_prints_the_table_and_writes_csv_json_and_plots() {
 }
 
 #[test]
+fn the_default_transport_is_the_full_srp_stack() {
+    let out = run(&[
+        "--spec",
+        "4k-random-read",
+        "--ramp",
+        "100ms",
+        "--run",
+        "300ms",
+        "--lun-size",
+        "16M",
+    ]);
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("kvbench over srp: StorPort model -> miniport -> SRP engine"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("t0 lun0 (16 MiB, 512 B blocks)"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("4K random read"), "{stdout}");
+    assert!(!stdout.contains("broke its contract"), "{stdout}");
+}
+
+#[test]
 fn sigint_stops_a_long_run_which_still_reports() {
     let mut child = kvbench()
         .args([

@@ -70,7 +70,7 @@ impl Default for RunConfig {
             verify: false,
             seed: 1,
             max_bytes: None,
-            drain_timeout: Duration::from_secs(30),
+            drain_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -528,12 +528,17 @@ struct Window {
     end: Instant,
 }
 
+/// Failed I/Os whose reasons a result keeps.
+const KEPT_ERRORS: usize = 8;
+
 /// What a worker hands back.
 struct WorkerOutput {
     /// Per selected disk (in `config.targets` order).
     per_target: Vec<Counts>,
     timeline: Timeline,
     lost: u64,
+    /// The first failed I/Os, described.
+    errors: Vec<String>,
 }
 
 #[derive(Clone, Copy)]
@@ -682,13 +687,16 @@ fn run_spec(
     let mut per_target: Vec<Counts> = vec![Counts::default(); config.targets.len()];
     let mut timeline = Timeline::new(config.ramp, config.run);
     let mut lost = 0;
+    let mut first_errors = Vec::new();
     for o in &outputs {
         for (a, b) in per_target.iter_mut().zip(&o.per_target) {
             a.merge(b);
         }
         timeline.merge(&o.timeline);
         lost += o.lost;
+        first_errors.extend(o.errors.iter().cloned());
     }
+    first_errors.truncate(KEPT_ERRORS);
     if cancel.is_cancelled() {
         let keep = usize::try_from(
             counting_end
@@ -744,6 +752,7 @@ fn run_spec(
         timeline,
         latency_distribution: latency_buckets(&total_histogram),
         lost_ios: lost,
+        first_errors,
     })
 }
 
@@ -823,6 +832,7 @@ fn issue_loop(
     let mut next_target = 0usize;
     let mut inflight = 0usize;
     let mut drain_started: Option<Instant> = None;
+    let mut errors: Vec<String> = Vec::new();
     loop {
         let now = Instant::now();
         let issuing = now < window.end && !shared.cancel.is_cancelled();
@@ -935,6 +945,14 @@ fn issue_loop(
             per_target_inflight[io.target] -= 1;
             inflight -= 1;
             let ok = c.status == IoStatus::Good;
+            if let IoStatus::Failed(why) = &c.status {
+                if errors.len() < KEPT_ERRORS {
+                    errors.push(format!(
+                        "{:?} of {} bytes at byte {} of disk {}: {why}",
+                        io.direction, io.len, io.offset, config.targets[io.target]
+                    ));
+                }
+            }
             if c.completed_at < counting_end {
                 timeline.record(c.completed_at.saturating_duration_since(window.start));
                 if c.completed_at >= window.measure {
@@ -973,5 +991,6 @@ fn issue_loop(
         per_target,
         timeline,
         lost: inflight as u64,
+        errors,
     })
 }

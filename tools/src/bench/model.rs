@@ -90,6 +90,8 @@ struct Shared<M: HwMiniport<HostPort>> {
     pool: Mutex<HashMap<u32, Vec<u32>>>,
     sg_shape: SgShape,
     settle_timeout: Duration,
+    /// What the queues found of I/O that never completed.
+    lost: Mutex<Vec<String>>,
 }
 
 /// How a stack is taken down at [`ModelBackend::finish`]: given the model
@@ -120,6 +122,8 @@ const MAX_REQUESTS: usize = 16_384;
 /// How long the backend waits for its own setup I/O (discovery, first use
 /// of a request) before calling the stack broken.
 const SETUP_TIMEOUT: Duration = Duration::from_secs(30);
+/// Times a setup READ that ended `SRB_STATUS_BUS_RESET` is retried.
+const SETUP_RETRIES: usize = 3;
 
 impl<M: HwMiniport<HostPort>> ModelBackend<M> {
     /// Wraps a started model (adapter found and initialised, targets
@@ -147,6 +151,7 @@ impl<M: HwMiniport<HostPort>> ModelBackend<M> {
             pool: Mutex::new(HashMap::new()),
             sg_shape,
             settle_timeout: SETUP_TIMEOUT,
+            lost: Mutex::new(Vec::new()),
         });
         let weak = Arc::downgrade(&shared);
         shared.model.on_complete(Box::new(move |request| {
@@ -267,11 +272,26 @@ impl<M: HwMiniport<HostPort>> ModelBackend<M> {
             ..
         } = self;
         let mut found = Vec::new();
-        match Arc::try_unwrap(shared) {
-            Ok(mut shared) => {
+        // A completion being routed right now holds the shared state for a
+        // moment (the hook upgrades its weak reference): wait for it.
+        let deadline = Instant::now() + SETUP_TIMEOUT;
+        let mut shared = shared;
+        let unwrapped = loop {
+            match Arc::try_unwrap(shared) {
+                Ok(s) => break Some(s),
+                Err(again) if Instant::now() < deadline => {
+                    shared = again;
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                Err(_) => break None,
+            }
+        };
+        match unwrapped {
+            Some(mut shared) => {
                 if !platform.quiesce(SETUP_TIMEOUT) {
                     found.push("queued DPCs or work items did not finish".to_owned());
                 }
+                found.extend(lock(&shared.lost).drain(..));
                 platform.run_passive(|p| match teardown {
                     Some(teardown) => found.extend(teardown(&mut shared.model, keep.as_mut(), p)),
                     None => shared.model.free_adapter(p),
@@ -286,7 +306,7 @@ impl<M: HwMiniport<HostPort>> ModelBackend<M> {
                         .map(|v| format!("StorPort model: {v}")),
                 );
             }
-            Err(_) => found.push("a queue outlived its backend".to_owned()),
+            None => found.push("a queue outlived its backend".to_owned()),
         }
         platform.stop();
         found.extend(
@@ -392,13 +412,40 @@ impl<M: HwMiniport<HostPort>> Backend for ModelBackend<M> {
             }
             self.platform.run_passive(|p| model.pump(p));
             queue.wait_for(fresh.len())?;
-            for &id in &fresh {
-                let status = model.outcome(id).map(|o| o.status.base());
-                if status != Some(SrbStatus::SUCCESS) {
-                    return Err(BackendError::new(format!(
-                        "the first READ of a new request failed: {status:?}"
-                    )));
+            // A first READ that ends SRB_STATUS_BUS_RESET is retried, as the
+            // class driver retries it; anything else ends the setup.
+            let mut failed: Vec<u32> = Vec::new();
+            for attempt in 0..=SETUP_RETRIES {
+                failed.clear();
+                for &id in &fresh {
+                    let status = model.outcome(id).map(|o| o.status.base());
+                    if status != Some(SrbStatus::SUCCESS) {
+                        if status != Some(SrbStatus::BUS_RESET) || attempt == SETUP_RETRIES {
+                            return Err(BackendError::new(format!(
+                                "the stack refused a first READ into a new buffer laid out as \
+                                 {:?} ({status:?}); a layout of many odd segments can need more \
+                                 memory registrations than one command may carry",
+                                self.shared.sg_shape
+                            )));
+                        }
+                        failed.push(id);
+                    }
                 }
+                if failed.is_empty() {
+                    break;
+                }
+                for &id in &failed {
+                    let (cdb, n) = rw_cdb(
+                        Direction::Read,
+                        0,
+                        queue.size_of(id) / self.targets[0].block_size.max(1),
+                    )?;
+                    model
+                        .reissue(id, self.addresses[0], &cdb[..n], DataDirection::In, None)
+                        .map_err(|e| BackendError::new(format!("cannot reissue: {e:?}")))?;
+                }
+                self.platform.run_passive(|p| model.pump(p));
+                queue.wait_for(failed.len())?;
             }
         }
         Ok(Box::new(queue))
@@ -421,6 +468,19 @@ struct ModelQueue<M: HwMiniport<HostPort>> {
 }
 
 impl<M: HwMiniport<HostPort>> ModelQueue<M> {
+    /// The buffer size of request `id`.
+    fn size_of(&self, id: u32) -> u32 {
+        self.requests
+            .iter()
+            .find_map(|per_size| {
+                per_size
+                    .iter()
+                    .position(|&r| r == id)
+                    .and_then(|i| self.sizes.get(i).copied())
+            })
+            .unwrap_or(0)
+    }
+
     /// Waits for `n` completions of the queue's own setup I/O.
     fn wait_for(&self, n: usize) -> Result<(), BackendError> {
         let deadline = Instant::now() + self.shared.settle_timeout;

@@ -266,6 +266,16 @@ pub fn table(suite: &SuiteResult) -> String {
         );
     }
     for r in &suite.results {
+        if r.rates.errors > 0 {
+            let _ = writeln!(
+                s,
+                "{}: {} I/O(s) failed; the first:",
+                r.spec, r.rates.errors
+            );
+            for e in &r.first_errors {
+                let _ = writeln!(s, "  {e}");
+            }
+        }
         if r.lost_ios > 0 {
             let _ = writeln!(
                 s,

@@ -144,6 +144,27 @@ fn teardown() -> Teardown<SrpMiniport> {
         |model: &mut StorPortModel<SrpMiniport>, keep: &mut (dyn Any + Send + Sync), p| {
             let mut found = Vec::new();
             model.settle();
+            // A connection lost on a loss-free in-process fabric is a broken
+            // promise of the stack, whether or not recovery hid it.
+            let targets = keep
+                .downcast_ref::<SrpParts>()
+                .map_or(0, |x| x.targets.len());
+            for t in 0..u8::try_from(targets).unwrap_or(u8::MAX) {
+                if let Some(stats) = model.miniport().transport().target_stats(t, p) {
+                    if stats.transport_failures > 0 || stats.protocol_errors > 0 {
+                        found.push(format!(
+                            "SRP target {t}: {} transport failure(s) (last reason {:#x}), {} \
+                             protocol error(s), {} login(s), {} stale and {} dropped response(s)",
+                            stats.transport_failures,
+                            stats.last_transport_failure,
+                            stats.protocol_errors,
+                            stats.logins,
+                            stats.stale_responses,
+                            stats.dropped_responses
+                        ));
+                    }
+                }
+            }
             if !model.stop_adapter(p) {
                 found.push("the adapter refused to stop".to_owned());
             }

@@ -490,6 +490,9 @@ pub struct SpecResult {
     /// I/Os that never completed (still outstanding when the worker gave
     /// up waiting at the end): a broken stack.
     pub lost_ios: u64,
+    /// The first failed I/Os, described (direction, size, offset, disk,
+    /// and the status the stack gave).
+    pub first_errors: Vec<String>,
 }
 
 impl SpecResult {
