@@ -187,7 +187,7 @@ impl Passive<'_> {
     ///
     /// As [`Passive::assume`].
     #[cfg_attr(
-        not(any(feature = "host", loom)),
+        not(any(feature = "host", feature = "nt", loom)),
         expect(dead_code, reason = "used by the platform backends")
     )]
     pub(crate) unsafe fn assume_unchecked() -> Self {

@@ -8,7 +8,14 @@ fn main() {
     };
     println!("cargo::rustc-link-search=native={dir}");
     println!("cargo::rustc-link-lib=dylib=ntoskrnl");
-    for arg in ["/SUBSYSTEM:NATIVE,10.00", "/NOENTRY", "/NODEFAULTLIB", "/DYNAMICBASE", "/NXCOMPAT", "/OPT:REF,ICF"] {
+    for arg in [
+        "/SUBSYSTEM:NATIVE,10.00",
+        "/NOENTRY",
+        "/NODEFAULTLIB",
+        "/DYNAMICBASE",
+        "/NXCOMPAT",
+        "/OPT:REF,ICF",
+    ] {
         println!("cargo::rustc-cdylib-link-arg={arg}");
     }
 }

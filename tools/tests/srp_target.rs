@@ -442,9 +442,13 @@ fn several_channels_at_once() {
             }
         }
         assert_eq!(env.with_target(|t| t.live_channels()), 3);
+        // The initiator's DREQs end the target's channels.
         for conn in &conns {
             conn.close(p);
         }
+        env.wait("every channel closed", || {
+            env.with_target(|t| t.channels().is_empty() && t.counters().channels_closed == 3)
+        });
     });
 }
 

@@ -345,3 +345,49 @@ fn connection_dropped_mid_io() {
         env.connect(p).close(p);
     });
 }
+
+#[test]
+fn initiator_disconnects_with_commands_outstanding() {
+    run(config(), |env, p| {
+        let conn = env.connect(p);
+        arm(
+            env,
+            Misbehaviour::DelayResponses {
+                delay: Duration::from_secs(60),
+                which: Selector::All,
+            },
+            p,
+        );
+        let inb = env.buffer(8192, AccessFlags::REMOTE_WRITE, p);
+        let out = env.buffer(8192, AccessFlags::REMOTE_READ, p);
+        for i in 0..4u32 {
+            conn.send_cmd(
+                0,
+                &rw10(0x28, i * 4, 4),
+                DataOut::None,
+                DataIn::Direct(desc_of(&inb, u64::from(i) * 2048, 2048)),
+                p,
+            );
+            conn.send_cmd(
+                0,
+                &rw10(0x2a, 100 + i * 4, 4),
+                DataOut::Direct(desc_of(&out, u64::from(i) * 2048, 2048)),
+                DataIn::None,
+                p,
+            );
+        }
+        env.wait("eight commands held", || {
+            env.with_target(|t| t.counters()).responses_delayed == 8
+        });
+        conn.close(p);
+        env.wait("the channel closed", || {
+            env.with_target(|t| t.counters()).channels_closed == 1
+        });
+        env.with_target(|t| t.clear_misbehaviour());
+        let again = env.connect(p);
+        assert_eq!(again.write10(0, 0, 512, &[7u8; 512], p).status, 0);
+        inb.dereg(p).unwrap();
+        out.dereg(p).unwrap();
+        again.close(p);
+    });
+}

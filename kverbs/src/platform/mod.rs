@@ -25,8 +25,9 @@
 //! The platform is a value (`P: Platform`, cheap to clone) rather than a set
 //! of free functions: the host backend keeps per-instance state (its DPC
 //! threads, worker pool and the verifier's violation log), so tests running in
-//! parallel in one binary each get their own verifier. The NT backend is a
-//! zero-sized type, so the value costs nothing there. Functions that need no
+//! parallel in one binary each get their own verifier. The NT backend
+//! (`nt::NtPlatform`, feature `nt`) carries only the device object its work
+//! items are queued against. Functions that need no
 //! instance on either backend (`current_irql`, `now`) are associated
 //! functions, so [`crate::irql`] can check tokens without a platform value.
 //!
@@ -54,6 +55,9 @@ pub mod host;
 
 #[cfg(all(loom, feature = "std"))]
 pub mod loom;
+
+#[cfg(all(feature = "nt", not(loom)))]
+pub mod nt;
 
 /// A DPC or timer routine: runs at `DISPATCH_LEVEL` with a [`Dispatch`] token.
 pub type DpcRoutine = Box<dyn for<'a> Fn(&Dispatch<'a>) + Send + Sync>;

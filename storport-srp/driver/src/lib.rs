@@ -3,15 +3,16 @@
 //! Everything lives in `storport_srp::nt`; this crate only supplies what a
 //! kernel image needs exactly once: the `DriverEntry` export, the panic
 //! handler (a panic bugchecks with its location) and the pool allocator.
-//! Until the miniport core lands, the adapter is
-//! [`storport_srp::nt::no_target::NoTargetAdapter`].
+//! It registers the real miniport core over the transport Windows has
+//! today, one without an HCA
+//! ([`NoHcaDriver`](storport_srp::nt::no_hca::NoHcaDriver)).
 
 #![no_std]
 
 use storport_srp::nt::alloc::PoolAllocator;
 use storport_srp::nt::ffi::{DRIVER_OBJECT, NTSTATUS, PCUNICODE_STRING};
 use storport_srp::nt::miniport::driver_entry as register;
-use storport_srp::nt::no_target::NoTargetAdapter;
+use storport_srp::nt::no_hca::NoHcaDriver;
 
 #[global_allocator]
 static ALLOCATOR: PoolAllocator = PoolAllocator;
@@ -33,5 +34,5 @@ pub unsafe extern "system" fn driver_entry(
     registry_path: PCUNICODE_STRING,
 ) -> NTSTATUS {
     // SAFETY: forwarded unchanged from the I/O manager, once.
-    unsafe { register::<NoTargetAdapter>(driver, registry_path) }
+    unsafe { register::<NoHcaDriver>(driver, registry_path) }
 }

@@ -1207,7 +1207,9 @@ impl<S: StorPort, T: Transport> HwMiniport<S> for Adapter<S, T> {
             Ok(()) => BuildIo::Proceed,
             Err(status) => {
                 if srb.function() == SrbFunction::ExecuteScsi {
+                    // As `complete_local`: nothing moved, no target status.
                     srb.set_data_transfer_length(0);
+                    srb.set_scsi_status(0);
                 }
                 srb.set_srb_status(status);
                 BuildIo::Complete

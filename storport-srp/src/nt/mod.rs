@@ -1,22 +1,36 @@
 //! The NT shim: everything between the Windows kernel and the miniport core.
 //!
-//! * [`ffi`] — the one bindings facade (wdk-sys on Windows, mingw-w64 +
-//!   hand-written StorPort declarations on Linux);
-//! * [`miniport`] — the [`Miniport`](miniport::Miniport) trait the core
-//!   implements, the `extern "system"` trampolines, the virtual-miniport
-//!   registration and `DriverEntry`'s body;
-//! * [`srb`] — a checked view of both SRB forms;
-//! * [`no_target`] — the adapter used until the core lands;
-//! * [`alloc`] — the pool-backed global allocator that honours alignment;
+//! * [`ffi`] — the bindings facade: `nt-sys`'s kernel part plus the
+//!   StorPort part (wdk-sys on Windows, mingw-w64 + hand-written StorPort
+//!   declarations on Linux);
+//! * [`miniport`] — the `extern "system"` trampolines that map StorPort's
+//!   callbacks onto the core's [`HwMiniport`](crate::storport::HwMiniport),
+//!   the device extension, the virtual-miniport registration and
+//!   `DriverEntry`'s body, for any [`NtDriver`](miniport::NtDriver);
+//! * [`port`] — [`NtStorPort`](port::NtStorPort), the core's
+//!   [`StorPort`](crate::storport::StorPort) over `storport.sys`;
+//! * [`srb`] — [`NtSrb`](srb::NtSrb), the core's
+//!   [`Srb`](crate::storport::Srb) over both SRB forms, checked;
+//! * [`dma`] — scatter/gather lists from the HCA's DMA adapter;
+//! * [`params`] — the registry `Parameters`, `DriverParameter` and the
+//!   attached targets, parsed strictly;
+//! * [`no_hca`] — the transport (no HCA on Windows yet) and the driver the
+//!   `kvsrp.sys` crate registers;
+//! * [`alloc`] — the pool-backed global allocator;
 //! * [`bugcheck_on_panic`] — the panic path (a panic is a bugcheck).
 //!
-//! The driver crate (`storport-srp/driver`) is a few lines on top of this:
+//! The kernel primitives (spin locks, DPCs, work items, timers, pool) are
+//! kverbs' NT platform (`kverbs::platform::nt`). The driver crate
+//! (`storport-srp/driver`) is a few lines on top of this:
 //! `#[panic_handler]`, `#[global_allocator]` and the `DriverEntry` export.
 
 pub mod alloc;
+pub mod dma;
 pub mod ffi;
 pub mod miniport;
-pub mod no_target;
+pub mod no_hca;
+pub mod params;
+pub mod port;
 pub mod srb;
 
 use core::panic::PanicInfo;
@@ -34,23 +48,15 @@ pub const RUST_PANIC_BUGCHECK_CODE: u32 = u32::from_be_bytes(*b"RPNC");
 pub fn bugcheck_on_panic(info: &PanicInfo<'_>) -> ! {
     let (file, len, line, column) = info.location().map_or((0, 0, 0, 0), |l| {
         (
-            l.file().as_ptr() as usize,
-            l.file().len(),
-            l.line() as usize,
-            l.column() as usize,
+            l.file().as_ptr() as u64,
+            l.file().len() as u64,
+            u64::from(l.line()),
+            u64::from(l.column()),
         )
     });
     // SAFETY: KeBugCheckEx takes plain values and is callable at any IRQL;
     // it does not return.
-    unsafe {
-        ffi::KeBugCheckEx(
-            RUST_PANIC_BUGCHECK_CODE,
-            file as _,
-            len as _,
-            line as _,
-            column as _,
-        )
-    }
+    unsafe { ffi::KeBugCheckEx(RUST_PANIC_BUGCHECK_CODE, file, len, line, column) }
 }
 
 // `__chkstk`: the MSVC target calls it for any frame over a page, and

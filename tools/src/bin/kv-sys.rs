@@ -121,6 +121,7 @@ fn wine_run(l: &Layout) -> Result<()> {
     };
     let (inf_path, parsed) = stamp(l, &targets)?;
     let fake = ntbuild::cargo_build(l, "tools/fake-storport", "storport")?;
+    let probe = ntbuild::cargo_build(l, "tools/nt-probe", "kvprobe")?;
     let t0 = Instant::now();
     let w = wine::Wine::fresh(l)?;
     println!("  wineboot: {:.1} s", t0.elapsed().as_secs_f64());
@@ -138,8 +139,9 @@ fn wine_run(l: &Layout) -> Result<()> {
             }
         }
     }
-    let result =
-        wine::install_and_check(&w, &inf_path, &expect).and_then(|()| wine::smoke(&w, &fake));
+    let result = wine::install_and_check(&w, &inf_path, &expect)
+        .and_then(|()| wine::smoke(&w, &fake))
+        .and_then(|()| wine::probe(&w, &probe));
     w.stop();
     result
 }

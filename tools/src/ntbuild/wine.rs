@@ -215,32 +215,56 @@ pub fn install_and_check(w: &Wine, inf: &Path, targets: &[(&str, &str, &str)]) -
 }
 
 /// What the smoke run must record: `SmokeRun` value -> expected text.
+///
+/// The driver runs the real miniport core over the transport Windows has
+/// today (no HCA), configured from the registry the INF wrote (two attached
+/// targets) and the `DriverParameter` string the fake passes
+/// (`QueueSize=32`): 2 targets x 32 = 64 requests per adapter. The core's
+/// passive worker (kverbs work items, here on Wine's thread pool) reports
+/// both targets unreachable — a bus change and a log entry each, then
+/// "adapter running" — after which INQUIRY to an attached target completes
+/// `SRB_STATUS_SELECTION_TIMEOUT` (0x0a) and one beyond them
+/// `SRB_STATUS_INVALID_TARGET_ID` (0x21), nothing transferred, no SCSI
+/// status. The bus reset logs `BusReset` (unique id 0x08000000), stop and
+/// restart each issue the core's adapter-control DPC and complete on the
+/// worker (log entries 5 and 6), and no request was ever held back.
 pub const EXPECTED_SMOKE: &[(&str, &str)] = &[
     (
         "01-registration",
-        "size=208 interface=0 features=0x1 srb_types=0x3 address_types=0x1 ext=1 map=3 find=1 init=1 start=1 reset=1 control=1 free=1 build=0",
+        "size=208 interface=0 features=0x1 srb_types=0x3 address_types=0x1 ext_fits=1 srb_ext_fits=1 map=3 find=1 init=1 start=1 reset=1 control=1 free=1 build=0",
     ),
     (
         "02-find-adapter",
-        "ret=1 buses=1 targets=8 luns=8 virtual=1 map=3 srb_type=1 max_io=1024 per_lun=64 max_transfer=1048576",
+        "ret=1 buses=1 targets=2 luns=8 virtual=1 map=3 srb_type=1 max_io=64 per_lun=32 max_transfer=1048576 breaks=256 dpcs=1",
     ),
     ("03-initialize", "ret=1 passive_registered=1"),
     ("04-passive-initialize", "ret=1"),
     (
-        "05-inquiry-classic",
+        "05-targets-reported",
+        "started=1 bus_changes=2 log_entries=3",
+    ),
+    (
+        "06-inquiry-classic",
         "ret=1 completions=1 same_srb=1 srb_status=0x0a scsi_status=0 transferred=0",
     ),
     (
-        "06-inquiry-extended",
+        "07-inquiry-extended",
         "ret=1 completions=1 same_srb=1 srb_status=0x0a scsi_status=0 transferred=0",
     ),
     (
-        "07-inquiry-out-of-range",
+        "08-inquiry-out-of-range",
         "ret=1 completions=1 same_srb=1 srb_status=0x21 scsi_status=0 transferred=0",
     ),
-    ("08-reset-bus", "ret=1"),
-    ("09-adapter-control", "ret=0 supported=11100"),
-    ("10-free-adapter-resources", "done"),
+    ("09-reset-bus", "ret=1 last_log=0x08000000"),
+    ("10-adapter-control", "ret=0 supported=11100"),
+    ("11-stop-adapter", "ret=0 dpcs_issued=1 settled=1"),
+    ("12-restart-adapter", "ret=0 dpcs_issued=1 settled=1"),
+    (
+        "13-inquiry-after-restart",
+        "ret=1 completions=1 same_srb=1 srb_status=0x0a scsi_status=0 transferred=0",
+    ),
+    ("14-free-adapter-resources", "done dpcs_pending=0"),
+    ("15-holds", "holds=0 releases=0"),
 ];
 
 /// Places the fake `storport.sys`, starts the service and checks what the
@@ -266,6 +290,83 @@ pub fn smoke(w: &Wine, fake: &Path) -> Result<()> {
     }
     let _ = w.cmd(&["net", "stop", "kvsrp"]);
     e.finish("smoke run")
+}
+
+/// What the kverbs NT platform probe (`tools/nt-probe`) must record under
+/// Debian's Wine 8: `1` where the primitive behaved as the Windows kernel
+/// documents. Two values record where Wine 8 differs from Windows, pinned
+/// so that a change in Wine is noticed:
+/// * `06-dpc ran=0`: Wine's `KeInsertQueueDpc` accepts the DPC but never
+///   runs it (on Windows, `ran=1`);
+/// * `07-timer rearm_was_armed=1`: after the timer fired, Wine's
+///   `KeSetTimer` still reports it as set (on Windows it returns FALSE, so
+///   `rearm_was_armed=0`).
+///
+/// Not probed (Wine cannot run them): the IRQL read (`cr8`), per-processor
+/// DPC targeting, `KeStallExecutionProcessor`.
+pub const EXPECTED_PROBE: &[(&str, &str)] = &[
+    ("01-spin-locks", "ok=1"),
+    (
+        "02-events",
+        "timeout=1 set=1 auto_clear=1 notification=1 clear=1",
+    ),
+    ("03-fast-mutex", "ok=1"),
+    ("04-time", "frequency=1 delay_measured=1"),
+    (
+        "05-work-item",
+        "queued=1 ran=1 requeued=1 ran_after_drop=1 runs=2",
+    ),
+    ("06-dpc", "queued=1 ran=0"),
+    (
+        "07-timer",
+        "was_armed=0 fired=1 not_early=1 rearm_was_armed=1 cancel=1 cancel_again=0 hits=1",
+    ),
+    ("08-pool", "aligned=1"),
+    ("09-processors", "at_least_one=1"),
+    ("10-flush-dpcs", "returned=1"),
+];
+
+/// Installs `kvprobe.sys` as a kernel service, starts it, and checks what
+/// it recorded about kverbs' NT platform.
+///
+/// # Errors
+/// The service fails to start or a recorded fact differs.
+pub fn probe(w: &Wine, image: &Path) -> Result<()> {
+    std::fs::copy(image, w.drivers_dir().join("kvprobe.sys"))?;
+    w.cmd(&[
+        "sc",
+        "create",
+        "kvprobe",
+        "type=",
+        "kernel",
+        "start=",
+        "demand",
+        "binPath=",
+        r"C:\windows\system32\drivers\kvprobe.sys",
+    ])
+    .context("sc create kvprobe")?;
+    let started = w.cmd(&["net", "start", "kvprobe"]);
+    let reg = w
+        .reg_query(r"HKLM\System\CurrentControlSet\Services\kvprobe\Probe")
+        .unwrap_or_default();
+    let mut e = Expect::default();
+    if let Err(err) = started {
+        e.0.push(format!("net start kvprobe failed: {err:#}"));
+    }
+    for (name, want) in EXPECTED_PROBE {
+        let got = value(&reg, r"\Probe", name).map(|(_, d)| d.as_str());
+        println!("  {name}: {}", got.unwrap_or("(missing)"));
+        e.eq(name, got, want);
+    }
+    for (key, values) in &reg {
+        for (name, (_, data)) in values {
+            if key.ends_with("Probe") && !EXPECTED_PROBE.iter().any(|(n, _)| n == name) {
+                e.0.push(format!("unexpected probe record {name}: {data}"));
+            }
+        }
+    }
+    let _ = w.cmd(&["net", "stop", "kvprobe"]);
+    e.finish("NT platform probe")
 }
 
 #[cfg(test)]

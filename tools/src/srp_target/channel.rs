@@ -480,12 +480,19 @@ impl Channel {
     fn on_note(&mut self, note: Note, p: &Passive<'_>) {
         match note {
             Note::Wc(c) => self.on_completion(c, p),
-            Note::Established => {
-                if self.phase == Phase::Accepting {
+            Note::Established => match self.phase {
+                Phase::Accepting => {
                     self.phase = Phase::Starting;
                     self.zero_length_posted = false;
                 }
-            }
+                // Told to go while the accept was still on its way (a
+                // SINGLE re-login racing this one): the disconnect asked
+                // then found nothing to end; end it now.
+                Phase::Disconnecting => {
+                    let _ = self.target.port.disconnect(self.shared.cm_id, &[], p);
+                }
+                _ => {}
+            },
             Note::Terminal(t) => {
                 let _ = t == Terminal::Disconnected;
                 if self.phase < Phase::DestroyingQp {

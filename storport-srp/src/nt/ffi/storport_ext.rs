@@ -15,76 +15,17 @@
     reason = "struct fields carry Microsoft's names; the page cited on each struct documents them"
 )]
 
-use super::ctypes::c_char;
 use super::mingw::{
-    _INTERFACE_TYPE, _SCSI_NOTIFICATION_TYPE, ACCESS_RANGE, BOOLEAN, KDPC, KSPIN_LOCK, NTSTATUS,
-    PHW_ADAPTER_CONTROL, PHW_ADAPTER_STATE, PHW_DMA_STARTED, PHW_INITIALIZE, PHW_INTERRUPT,
-    PHW_RESET_BUS, PHW_STARTIO, PHYSICAL_ADDRESS, PUCHAR, PVOID, SIZE_T, UCHAR, ULONG, USHORT,
+    _SCSI_NOTIFICATION_TYPE, ACCESS_RANGE, PHW_ADAPTER_CONTROL, PHW_ADAPTER_STATE, PHW_DMA_STARTED,
+    PHW_INITIALIZE, PHW_INTERRUPT, PHW_RESET_BUS, PHW_STARTIO,
 };
 use core::mem::{offset_of, size_of};
+use nt_sys::ctypes::c_char;
+use nt_sys::mingw::{
+    _INTERFACE_TYPE, BOOLEAN, KDPC, KSPIN_LOCK, PHYSICAL_ADDRESS, PUCHAR, PVOID, UCHAR, ULONG,
+    USHORT,
+};
 use static_assertions::const_assert_eq;
-
-// ---------------------------------------------------------------------------
-// NTSTATUS values (`ntstatus.h`; mingw writes them as casts bindgen skips).
-// ---------------------------------------------------------------------------
-
-/// `STATUS_SUCCESS`.
-pub const STATUS_SUCCESS: NTSTATUS = 0;
-/// `STATUS_UNSUCCESSFUL` (0xC0000001).
-pub const STATUS_UNSUCCESSFUL: NTSTATUS = 0xC000_0001_u32 as NTSTATUS;
-/// `STATUS_INSUFFICIENT_RESOURCES` (0xC000009A).
-pub const STATUS_INSUFFICIENT_RESOURCES: NTSTATUS = 0xC000_009A_u32 as NTSTATUS;
-
-// ---------------------------------------------------------------------------
-// Opaque kernel objects. mingw's DEVICE_OBJECT lacks its DECLSPEC_ALIGN(16)
-// (328 bytes instead of 336), so the shim never sees their fields: it only
-// passes the pointers StorPort hands it back to StorPort.
-// ---------------------------------------------------------------------------
-
-/// `DRIVER_OBJECT`, opaque: only passed through to `StorPortInitialize`.
-#[repr(C)]
-pub struct _DRIVER_OBJECT {
-    _opaque: [u8; 0],
-}
-/// See [`_DRIVER_OBJECT`].
-pub type DRIVER_OBJECT = _DRIVER_OBJECT;
-/// See [`_DRIVER_OBJECT`].
-pub type PDRIVER_OBJECT = *mut _DRIVER_OBJECT;
-/// `DEVICE_OBJECT`, opaque.
-#[repr(C)]
-pub struct _DEVICE_OBJECT {
-    _opaque: [u8; 0],
-}
-/// See [`_DEVICE_OBJECT`].
-pub type DEVICE_OBJECT = _DEVICE_OBJECT;
-/// See [`_DEVICE_OBJECT`].
-pub type PDEVICE_OBJECT = *mut _DEVICE_OBJECT;
-/// `IRP`, opaque.
-#[repr(C)]
-pub struct _IRP {
-    _opaque: [u8; 0],
-}
-/// See [`_IRP`].
-pub type IRP = _IRP;
-/// See [`_IRP`].
-pub type PIRP = *mut _IRP;
-
-// ---------------------------------------------------------------------------
-// ExAllocatePool2 (wdm/nf-wdm-exallocatepool2; kernel/pool_flags). Windows 10
-// 2004 and later; absent from mingw's headers and libntoskrnl.a.
-// ---------------------------------------------------------------------------
-
-/// `POOL_FLAGS`: "A ULONG64-typed value" (kernel/pool_flags).
-pub type POOL_FLAGS = u64;
-/// Don't zero-initialize the allocation (kernel/pool_flags: 0x2).
-pub const POOL_FLAG_UNINITIALIZED: POOL_FLAGS = 0x0000_0000_0000_0002;
-/// Non-paged, no-execute pool (kernel/pool_flags: 0x40).
-pub const POOL_FLAG_NON_PAGED: POOL_FLAGS = 0x0000_0000_0000_0040;
-/// The signature of `ExAllocatePool2`, resolved at run time through
-/// `MmGetSystemRoutineAddress` (the documented down-level pattern), so that
-/// the driver still loads where the routine does not exist.
-pub type PFN_EX_ALLOCATE_POOL2 =
-    unsafe extern "system" fn(Flags: POOL_FLAGS, NumberOfBytes: SIZE_T, Tag: ULONG) -> PVOID;
 
 // ---------------------------------------------------------------------------
 // Callback types mingw lacks (storport/nc-storport-*).
@@ -690,3 +631,61 @@ unsafe extern "system" {
         ...
     ) -> ULONG;
 }
+
+/// `STOR_STATUS_SUCCESS` (storport.h's status codes, the storage
+/// equivalent of `NTSTATUS`; the pages name them without values).
+pub const STOR_STATUS_SUCCESS: ULONG = 0x0000_0000;
+/// `STOR_STATUS_UNSUCCESSFUL`.
+pub const STOR_STATUS_UNSUCCESSFUL: ULONG = 0xC100_0001;
+/// `STOR_STATUS_NOT_IMPLEMENTED`: the routine does not exist on this system.
+pub const STOR_STATUS_NOT_IMPLEMENTED: ULONG = 0xC100_0002;
+/// `STOR_STATUS_INSUFFICIENT_RESOURCES`.
+pub const STOR_STATUS_INSUFFICIENT_RESOURCES: ULONG = 0xC100_0003;
+/// `STOR_STATUS_INVALID_PARAMETER`.
+pub const STOR_STATUS_INVALID_PARAMETER: ULONG = 0xC100_0006;
+/// `STOR_STATUS_BUSY`: for `StorPortRequestTimer`, an earlier request is
+/// still pending (nf-storport-storportrequesttimer).
+pub const STOR_STATUS_BUSY: ULONG = 0xC100_000C;
+
+// `STORPORT_FUNCTION_CODE` enumerators (storport.h numbers them in
+// declaration order from 0; the inline wrappers on the pages named beside
+// each pass them to `StorPortExtendedFunction`).
+
+/// `ExtFunctionGetOriginalMdl` (nf-storport-storportgetoriginalmdl).
+pub const ExtFunctionGetOriginalMdl: STORPORT_FUNCTION_CODE = 6;
+/// `ExtFunctionGetDeviceObjects` (nf-storport-storportgetdeviceobjects).
+pub const ExtFunctionGetDeviceObjects: STORPORT_FUNCTION_CODE = 8;
+/// `ExtFunctionInitializeTimer` (nf-storport-storportinitializetimer, Windows 8).
+pub const ExtFunctionInitializeTimer: STORPORT_FUNCTION_CODE = 32;
+/// `ExtFunctionRequestTimer` (nf-storport-storportrequesttimer, Windows 8).
+pub const ExtFunctionRequestTimer: STORPORT_FUNCTION_CODE = 33;
+/// `ExtFunctionFreeTimer` (nf-storport-storportfreetimer, Windows 8).
+pub const ExtFunctionFreeTimer: STORPORT_FUNCTION_CODE = 34;
+
+/// `HW_TIMER_EX` (nf-storport-storportrequesttimer): a StorPort timer's
+/// callback.
+pub type PHW_TIMER_EX = Option<unsafe extern "system" fn(DeviceExtension: PVOID, Context: PVOID)>;
+
+/// `SrbExDataTypePnP` (srb.h's `SRBEXDATATYPE`: `SrbExDataTypeWmi = 0x60`,
+/// then `Power`, then `PnP`).
+pub const SrbExDataTypePnP: u32 = 0x62;
+
+/// `SRBEX_DATA_PNP` (ns-srb-_srbex_data_pnp): the PnP block of an extended
+/// `SRB_FUNCTION_PNP` request.
+#[repr(C, align(8))]
+#[derive(Clone, Copy)]
+pub struct _SRBEX_DATA_PNP {
+    /// `SRBEXDATATYPE` (an enum: 4 bytes).
+    pub Type: u32,
+    pub Length: ULONG,
+    pub PnPSubFunction: UCHAR,
+    pub Reserved: [UCHAR; 3],
+    /// `STOR_PNP_ACTION` (an enum: 4 bytes).
+    pub PnPAction: u32,
+    pub SrbPnPFlags: ULONG,
+    pub Reserved1: ULONG,
+}
+/// See [`_SRBEX_DATA_PNP`].
+pub type SRBEX_DATA_PNP = _SRBEX_DATA_PNP;
+const_assert_eq!(offset_of!(_SRBEX_DATA_PNP, PnPAction), 12);
+const_assert_eq!(size_of::<_SRBEX_DATA_PNP>(), 24);
