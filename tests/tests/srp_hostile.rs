@@ -110,6 +110,9 @@ fn stale_rkey() {
         let o = s.wait(&[first], Duration::from_secs(5), None, p);
         assert_eq!(o[0].status.base(), SrbStatus::SUCCESS);
         let snapshot = s.model.data(first).unwrap();
+        // The target uses a buffer whose response it delivered at least
+        // 20 ms ago (so the initiator has surely completed it).
+        std::thread::sleep(Duration::from_millis(50));
         // The next command makes the target write to that buffer's rkey.
         let attempt = HostileAttempt::StaleRkey;
         s.target(0)

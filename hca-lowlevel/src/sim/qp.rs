@@ -140,6 +140,9 @@ enum RespItem {
         len: u32,
         next_pkt: u32,
         npkts: u32,
+        /// Re-executes a duplicate request: answers a read the requester
+        /// already counts, so it holds no responder resource.
+        replay: bool,
     },
 }
 
@@ -1583,10 +1586,28 @@ impl Qp {
         if !self.attr.access.contains(AccessFlags::REMOTE_READ) {
             return Err(req_err);
         }
+        if duplicate {
+            // A retried request for a read still being answered restarts it
+            // (the requester may have lost its first packets) rather than
+            // queueing a second copy.
+            for item in &mut self.resp_out {
+                if let RespItem::Read {
+                    first_psn,
+                    next_pkt,
+                    ..
+                } = item
+                {
+                    if *first_psn == psn {
+                        *next_pkt = 0;
+                        return Ok(0);
+                    }
+                }
+            }
+        }
         let in_queue = self
             .resp_out
             .iter()
-            .filter(|i| matches!(i, RespItem::Read { .. }))
+            .filter(|i| matches!(i, RespItem::Read { replay: false, .. }))
             .count() as u32;
         if !duplicate && in_queue >= u32::from(self.attr.max_dest_rd_atomic) {
             return Err(req_err);
@@ -1619,6 +1640,7 @@ impl Qp {
             len: reth.dma_len,
             next_pkt: 0,
             npkts,
+            replay: duplicate,
         });
         Ok(npkts)
     }
@@ -1689,6 +1711,7 @@ impl Qp {
                     len,
                     next_pkt,
                     npkts,
+                    ..
                 } => {
                     let k = *next_pkt;
                     let off = u64::from(k) * u64::from(mtu);

@@ -1375,6 +1375,56 @@ fn responder_resources_are_enforced() {
 }
 
 #[test]
+fn duplicate_read_requests_take_no_extra_responder_resources() {
+    // Every request frame is delivered twice: the second copy of each READ
+    // request is a duplicate the responder replays, but the replay answers a
+    // read the requester already counts as outstanding, so it must not use
+    // up one of the `max_dest_rd_atomic` slots a later, new READ needs.
+    let f = Fabric::stepped();
+    let (mut a, b) = rc_pair(
+        &f,
+        RcOptions {
+            max_rd_atomic: 1,
+            max_dest_rd_atomic: 1,
+            ..RcOptions::default()
+        },
+    )
+    .unwrap();
+    f.set_link_faults(
+        &a.hca,
+        &b.hca,
+        FaultConfig {
+            duplicate: 1.0,
+            ..FaultConfig::default()
+        },
+    );
+    let size = 1024 * 1024u64;
+    let local = a.buffer(size as usize, RW).unwrap();
+    let remote = b.buffer(size as usize, RW).unwrap();
+    remote.mem.write(0, &pattern(size as usize, 8)).unwrap();
+    let chunk = 256 * 1024u64;
+    for i in 0..size / chunk {
+        let mut r = rdma_wqe(
+            &a.qp,
+            SendOpcode::RdmaRead,
+            CtrlFlags::CQ_UPDATE,
+            0,
+            remote.iova + i * chunk,
+            remote.keys.rkey,
+            local.sge(i * chunk, chunk as u32),
+        );
+        a.qp.write_send(&mut r).unwrap();
+    }
+    a.qp.ring_sq();
+    f.run_until_idle();
+    let errs: Vec<_> = a.cq.drain().iter().map(CqeRepr::error).collect();
+    assert_eq!(errs, vec![None; (size / chunk) as usize]);
+    assert_eq!(b.hca.query_qp(b.qp.qpn).unwrap().state, QpState::Rts);
+    assert!(b.hca.qp_stats(b.qp.qpn).unwrap().duplicates > 0);
+    assert_eq!(local.bytes(0, size as usize), pattern(size as usize, 8));
+}
+
+#[test]
 fn malformed_wqe_is_a_local_qp_op_error() {
     let (f, mut a, _b) = pair();
     // A WQE whose control segment names another QP.
