@@ -137,7 +137,6 @@ fn a_block_corrupted_on_the_srp_target_is_caught() {
         "LBA 5 of 4K blocks is sector 40"
     );
     assert_eq!(m.found, Found::NoPattern { first_word: 0 });
-    drop(observer);
     let violations = backend.finish();
     assert!(violations.is_empty(), "{violations:#?}");
 }

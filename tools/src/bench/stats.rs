@@ -652,7 +652,7 @@ mod tests {
 
     mod properties {
         use super::*;
-        use proptest::prelude::*;
+        use proptest::prelude::{ProptestConfig, prop_assert, prop_assert_eq, proptest};
 
         fn cases() -> u32 {
             std::env::var("KVBENCH_PROPTEST_CASES")

@@ -364,7 +364,8 @@ mod tests {
 
     mod properties {
         use super::*;
-        use proptest::prelude::*;
+        use fastrand::Rng;
+        use proptest::prelude::{ProptestConfig, any, prop_assert, prop_assert_eq, proptest};
 
         fn cases() -> u32 {
             std::env::var("KVBENCH_PROPTEST_CASES")
