@@ -17,12 +17,9 @@
 //! Concurrent I/Os never overlap, so each check is exact.
 //!
 //! Test binaries must install the verifier's allocator, so every
-//! allocation at `DISPATCH_LEVEL` anywhere in the stack fails the test:
-//! ```ignore
-//! #[global_allocator]
-//! static ALLOCATOR: kverbs::platform::host::VerifierAllocator =
-//!     kverbs::platform::host::VerifierAllocator;
-//! ```
+//! allocation at `DISPATCH_LEVEL` anywhere in the stack fails the test
+//! (`#[global_allocator] static ALLOCATOR: VerifierAllocator =
+//! VerifierAllocator;`, from `kverbs::platform::host`).
 //! [`Stack::run`] ends with the teardown checks: every request completed
 //! exactly once (the model), no connection left open, no CM consumer left,
 //! and no verifier violation.
@@ -809,7 +806,7 @@ pub enum Op {
 }
 
 /// One I/O of a workload.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Io {
     /// Target.
     pub target: u8,
@@ -827,6 +824,19 @@ pub struct Io {
     pub shape: SgShape,
     /// Data to write (writes).
     pub data: Vec<u8>,
+}
+
+impl std::fmt::Debug for Io {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Io")
+            .field("target", &self.target)
+            .field("lun", &self.lun)
+            .field("op", &self.op)
+            .field("lba", &self.lba)
+            .field("blocks", &self.blocks)
+            .field("shape", &self.shape)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Io {

@@ -78,7 +78,13 @@ fn abort_task_under_load() {
                 continue;
             }
             let o = s.model.outcome(*id).unwrap();
-            assert_eq!(o.status.base(), SrbStatus::SUCCESS, "{o:?}");
+            assert_eq!(
+                o.status.base(),
+                SrbStatus::SUCCESS,
+                "{o:?} {io:?} {:?} {:?}",
+                s.stats(0, p),
+                target.counters()
+            );
             let data = s.model.data(*id).unwrap();
             s.check(
                 io,

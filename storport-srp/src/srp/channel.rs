@@ -1674,7 +1674,10 @@ impl<P: Platform> Engine<P> {
                                 Some((_, _, generation)) => v.generation == generation,
                                 None => v.lun == lun,
                             };
-                        if !selected {
+                        if !selected || v.waiter.is_some() {
+                            // Another TMF already waits for this command;
+                            // it completes anyway, and this one need not
+                            // wait for it to answer.
                             (false, None, false)
                         } else {
                             v.waiter = Some(me);

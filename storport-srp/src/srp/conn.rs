@@ -547,16 +547,19 @@ impl<P: Platform> CqHandler<WrCtx> for ConnHandler<P> {
 
 impl<P: Platform> QpHandler for ConnHandler<P> {
     fn on_async_event(&self, event: AsyncEvent, irql: &Dispatch<'_>) {
-        let fatal = matches!(
-            event,
-            AsyncEvent::QpFatal { .. }
-                | AsyncEvent::QpRequestError { .. }
-                | AsyncEvent::QpAccessError { .. }
-        );
-        if fatal {
-            if let Some((engine, conn)) = self.get(irql) {
-                engine.conn_failed(&conn, Cause::Transport, super::engine::Why::QpEvent, irql);
-            }
+        let kind = match event {
+            AsyncEvent::QpFatal { .. } => 1,
+            AsyncEvent::QpRequestError { .. } => 2,
+            AsyncEvent::QpAccessError { .. } => 3,
+            _ => return,
+        };
+        if let Some((engine, conn)) = self.get(irql) {
+            engine.conn_failed(
+                &conn,
+                Cause::Transport,
+                super::engine::Why::QpEvent(kind),
+                irql,
+            );
         }
     }
 

@@ -219,7 +219,8 @@ pub struct TargetStats {
     pub transport_failures: u64,
     /// Why the engine last ended a connection: `0x1_oo_ss` a work
     /// completion error (opcode `oo` as kverbs numbers them, syndrome
-    /// `ss`), `0x2_0000` a fatal QP event, `0x3_0000` the peer's DREQ,
+    /// `ss`), `0x2_000k` a fatal QP event (k: 1 fatal, 2 request error,
+    /// 3 access error), `0x3_0000` the peer's DREQ,
     /// `0x4_0000` a protocol violation, `0x5_0000` a target logout,
     /// `0x6_0000` a receive repost failure, `0x7_0000` a send batch that
     /// could not be built.
@@ -292,8 +293,9 @@ pub(crate) fn bump(c: &AtomicU64) {
 pub(crate) enum Why {
     /// A work completion with an error: the raw syndrome and the opcode.
     WcError(u8, u8),
-    /// A fatal asynchronous QP event.
-    QpEvent,
+    /// A fatal asynchronous QP event: 1 fatal, 2 request error, 3 access
+    /// error.
+    QpEvent(u8),
     /// The peer ended the connection (DREQ).
     PeerDisconnect,
     /// An IU the protocol does not allow.
@@ -312,7 +314,7 @@ impl Why {
     pub(crate) const fn code(self) -> u32 {
         match self {
             Why::WcError(syndrome, opcode) => 0x1_0000 | ((opcode as u32) << 8) | syndrome as u32,
-            Why::QpEvent => 0x2_0000,
+            Why::QpEvent(kind) => 0x2_0000 | kind as u32,
             Why::PeerDisconnect => 0x3_0000,
             Why::Protocol => 0x4_0000,
             Why::TargetLogout => 0x5_0000,
@@ -344,8 +346,13 @@ pub(crate) struct Target<P: Platform> {
     pub channels: Box<[Channel<P>]>,
     /// Channels in use.
     pub active: AtomicU8,
-    /// `TargetState` code, mirrored for the I/O path.
+    /// `TargetState` code of the recovery machine, mirrored (under `ctl`)
+    /// for the I/O path.
     state: AtomicU8,
+    /// The state last reported to the core.
+    reported: AtomicU8,
+    reporting: AtomicBool,
+    report_pending: AtomicBool,
     direct_only: AtomicBool,
     ctl: SpinLock<TargetCtl, P>,
     timer: P::Timer,
@@ -353,6 +360,12 @@ pub(crate) struct Target<P: Platform> {
 }
 
 impl<P: Platform> Target<P> {
+    /// Mirrors the recovery machine's state (called with `ctl` held).
+    fn mirror(&self, recovery: &Recovery) {
+        self.state
+            .store(state_code(recovery.state()), Ordering::Release);
+    }
+
     pub(crate) fn state(&self) -> TargetState {
         state_from_code(self.state.load(Ordering::Acquire))
     }
@@ -554,18 +567,44 @@ impl<P: Platform> Engine<P> {
                 self.retire_channel(t, ch, cause, irql);
             }
         }
-        if let Some(state) = actions.state {
-            t.state.store(state_code(state), Ordering::Release);
-            with_dispatch::<P, _, _>(irql, |d| self.upcalls.target_state(t.index, state, d));
-            if state == TargetState::Live {
-                // Requests held back while the target was down may go.
-                with_dispatch::<P, _, _>(irql, |d| self.upcalls.credits_available(t.index, d));
-            }
+        if actions.state.is_some() {
+            self.report_state(t, irql);
         }
         if actions.connect {
             self.begin_attempt(t, irql);
         }
         self.arm_timer(t, irql);
+    }
+
+    /// Tells the core the target's state, serialised per target without a
+    /// lock held across the upcall: one reporter at a time loops until the
+    /// state it last reported is the latest; others only leave a note.
+    fn report_state(&self, t: &Target<P>, irql: &impl LeDispatch) {
+        t.report_pending.store(true, Ordering::Release);
+        loop {
+            if t.reporting.swap(true, Ordering::AcqRel) {
+                // The reporter sees the note.
+                return;
+            }
+            while t.report_pending.swap(false, Ordering::AcqRel) {
+                let state = t.state.load(Ordering::Acquire);
+                if t.reported.swap(state, Ordering::AcqRel) != state {
+                    let state = state_from_code(state);
+                    with_dispatch::<P, _, _>(irql, |d| {
+                        self.upcalls.target_state(t.index, state, d);
+                        if state == TargetState::Live {
+                            // Requests held back while it was down may go.
+                            self.upcalls.credits_available(t.index, d);
+                        }
+                    });
+                }
+            }
+            t.reporting.store(false, Ordering::Release);
+            // A note left after the last look and before the release.
+            if !t.report_pending.load(Ordering::Acquire) {
+                return;
+            }
+        }
     }
 
     /// Starts a connection attempt: channel 0 first (`SINGLE`).
@@ -802,7 +841,9 @@ impl<P: Platform> Engine<P> {
             Some(None) => {
                 let actions = {
                     let mut ctl = t.ctl.lock(irql);
-                    ctl.recovery.connect_finished(now_ns::<P>(), true)
+                    let a = ctl.recovery.connect_finished(now_ns::<P>(), true);
+                    t.mirror(&ctl.recovery);
+                    a
                 };
                 self.apply(t, actions, irql);
             }
@@ -870,7 +911,9 @@ impl<P: Platform> Engine<P> {
             let actions = {
                 let mut ctl = t.ctl.lock(irql);
                 ctl.attempt = None;
-                ctl.recovery.connect_finished(now_ns::<P>(), true)
+                let a = ctl.recovery.connect_finished(now_ns::<P>(), true);
+                t.mirror(&ctl.recovery);
+                a
             };
             self.apply(t, actions, irql);
             return;
@@ -879,6 +922,7 @@ impl<P: Platform> Engine<P> {
             let mut ctl = t.ctl.lock(irql);
             ctl.attempt = None;
             let mut a = ctl.recovery.connect_finished(now_ns::<P>(), false);
+            t.mirror(&ctl.recovery);
             // Whatever of the attempt exists goes.
             a.teardown = a.teardown.or(Some(Cause::Transport));
             a
@@ -895,6 +939,7 @@ impl<P: Platform> Engine<P> {
                 return;
             }
             let a = ctl.recovery.transport_failed(now_ns::<P>());
+            t.mirror(&ctl.recovery);
             if a.teardown.is_some() {
                 ctl.attempt = None;
             }
@@ -1007,6 +1052,7 @@ impl<P: Platform> Engine<P> {
                 return;
             }
             let a = ctl.recovery.timer(now);
+            t.mirror(&ctl.recovery);
             if a.teardown.is_some() {
                 ctl.attempt = None;
             }
@@ -1254,6 +1300,9 @@ impl<P: Platform> SrpTransport<P> {
                 active: AtomicU8::new(u8::try_from(sizing.channels).unwrap_or(u8::MAX)),
                 channels,
                 state: AtomicU8::new(state_code(TargetState::Connecting)),
+                reported: AtomicU8::new(state_code(TargetState::Connecting)),
+                reporting: AtomicBool::new(false),
+                report_pending: AtomicBool::new(false),
                 direct_only: AtomicBool::new(false),
                 ctl: SpinLock::new(TargetCtl {
                     recovery: Recovery::new(config.timeouts),
@@ -1430,6 +1479,7 @@ impl<P: Platform> Transport for SrpTransport<P> {
                     continue;
                 }
                 let a = ctl.recovery.reset(now_ns::<P>());
+                t.mirror(&ctl.recovery);
                 if a.teardown.is_some() {
                     ctl.attempt = None;
                 }
@@ -1447,7 +1497,9 @@ impl<P: Platform> Transport for SrpTransport<P> {
                 let mut ctl = t.ctl.lock(irql);
                 ctl.running = true;
                 ctl.attempt = None;
-                ctl.recovery.start(now_ns::<P>())
+                let a = ctl.recovery.start(now_ns::<P>());
+                t.mirror(&ctl.recovery);
+                a
             };
             e.apply(t, actions, irql);
         }
@@ -1461,7 +1513,9 @@ impl<P: Platform> Transport for SrpTransport<P> {
                 let mut ctl = t.ctl.lock(irql);
                 ctl.running = false;
                 ctl.attempt = None;
-                ctl.recovery.stop()
+                let a = ctl.recovery.stop();
+                t.mirror(&ctl.recovery);
+                a
             };
             t.timer.cancel(irql);
             e.apply(t, actions, irql);
