@@ -872,7 +872,13 @@ impl<S: StorPort, T: Transport> Adapter<S, T> {
     }
 
     /// Gives the reservation back and completes the request with `status`
-    /// — or with what an abort or reset decided for it meanwhile.
+    /// — or with what an abort or reset decided for it meanwhile. A BUSY
+    /// answer holds the LUN; `since` is the target's release count from
+    /// before the refused attempt (`None`: read now).
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "a request's parts, its status and the release count the BUSY hold checks"
+    )]
     fn abandon(
         &self,
         srb: S::Srb,
