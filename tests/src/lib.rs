@@ -24,6 +24,8 @@
 //! exactly once (the model), no connection left open, no CM consumer left,
 //! and no verifier violation.
 
+pub mod interop;
+
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
