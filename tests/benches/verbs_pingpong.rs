@@ -77,7 +77,8 @@ impl CqHandler<u64> for Side {
         r.commit();
         if self.answer {
             let mut s = qp.begin_send(irql).expect("begin_send");
-            s.send(&SendWr::new(Payload::Sges(&[send])), Signal::Unsignalled)
+            // Signalled, so the send queue's slots are reclaimed.
+            s.send(&SendWr::new(Payload::Sges(&[send])), Signal::Signalled(n))
                 .expect("send");
             s.commit();
         }
@@ -169,8 +170,8 @@ fn main() {
         let (da, db) = (open(ha.clone()), open(hb.clone()));
         let (pa, pb) = (da.alloc_pd(p).expect("pd"), db.alloc_pd(p).expect("pd"));
         let (sa, sb) = (Arc::new(Side::new(false)), Arc::new(Side::new(true)));
-        let cq_a = Cq::create(&da, CqConfig::new(64), sa.clone(), p).expect("cq");
-        let cq_b = Cq::create(&db, CqConfig::new(64), sb.clone(), p).expect("cq");
+        let cq_a = Cq::create(&da, CqConfig::new(256), sa.clone(), p).expect("cq");
+        let cq_b = Cq::create(&db, CqConfig::new(256), sb.clone(), p).expect("cq");
         let cfg = |cq: &Cq<Hp, u64>| QpConfig {
             qp_type: QpType::Rc,
             send_cq: cq.clone(),

@@ -36,6 +36,17 @@ cmd() { # records a command for the table, then runs it
     COMMANDS+=("$*")
     "$@"
 }
+kvbench() { # kvbench exit 4 (failed or lost I/Os, stack violations) is
+    # reported in the table's errors column, not fatal: the SRP engine still
+    # completes a few writes SRB_STATUS_BUS_RESET under load (open issue).
+    local status=0
+    cmd "$KVBENCH" "$@" || status=$?
+    case $status in
+        0) ;;
+        4) log "WARNING: kvbench exit 4 (failed I/Os or violations; see the errors column)" ;;
+        *) log "kvbench failed with exit status $status"; exit 1 ;;
+    esac
+}
 
 log "building (release: kvbench and the perf benches)"
 cargo build -q --release -p kverbs-tools --bin kvbench
@@ -91,13 +102,13 @@ EOF
 log "memcpy bandwidth"
 cmd "$MEMCPY" --chunk 131072 --secs 2 >"$WORK/memcpy.txt"
 log "kvbench: classic specs (QD 16), 128K sequential read"
-cmd "$KVBENCH" --no-progress --ramp "$RAMP" --run "$RUN" --max-size 256M --outstanding 16 \
+kvbench --no-progress --ramp "$RAMP" --run "$RUN" --max-size 256M --outstanding 16 \
     --spec 4k-random-read,4k-random-write,4k-random-70-30,64k-seq-read,64k-seq-write \
     --spec-file "$WORK/specs.toml" --json "$WORK/kvbench.json" >"$WORK/kvbench.txt"
 log "memcpy bandwidth (again, after kvbench)"
 "$MEMCPY" --chunk 131072 --secs 2 >>"$WORK/memcpy.txt"
 log "kvbench: 4K random read at QD1 (latency)"
-cmd "$KVBENCH" --no-progress --ramp "$RAMP" --run "$RUN" --max-size 256M --outstanding 1 \
+kvbench --no-progress --ramp "$RAMP" --run "$RUN" --max-size 256M --outstanding 1 \
     --spec 4k-random-read --json "$WORK/qd1.json" >"$WORK/qd1.txt"
 log "verbs ping-pong"
 cmd "$PINGPONG" --iters 20000 >"$WORK/pingpong.txt"
