@@ -118,8 +118,9 @@ log "report"
 {
     printf '%s\n' "${COMMANDS[@]}" >"$WORK/commands.txt"
     python3 tools/perf/report.py "$WORK" "$ROUNDS"
-} >"$OUTPUT.tmp"
-mv "$OUTPUT.tmp" "$OUTPUT"
+} >"$WORK/report.md"
+mkdir -p "$(dirname "$OUTPUT")"
+cp "$WORK/report.md" "$OUTPUT"
 cat "$OUTPUT"
 [ "${PERF_KEEP:-0}" = 1 ] && log "profiles kept in $WORK/cg"
 exit 0
