@@ -483,6 +483,17 @@ impl SoftHca {
         h.qps.get(&internal_qpn(h, qpn)).map(|q| q.qp_type)
     }
 
+    /// CQEs this HCA has written, over all its CQs (each CQ's producer
+    /// counter, summed). A benchmark on a stepped fabric waits on it to
+    /// know that everything it expects has landed before the driver polls.
+    #[must_use]
+    pub fn cqes_written(&self) -> u64 {
+        let w = self.shared.lock();
+        w.hcas
+            .get(self.idx)
+            .map_or(0, |h| h.cqs.values().map(|c| u64::from(c.pi)).sum())
+    }
+
     /// True if the CQ is in the error state (overrun).
     #[must_use]
     pub fn cq_in_error(&self, cqn: u32) -> Option<bool> {
