@@ -2,6 +2,7 @@
 //! attachment tool, and the Linux target VM harness.
 
 pub mod iscsi_target;
+pub mod iser_target;
 pub mod ntbuild;
 pub mod scsi_target;
 pub mod srp_target;
