@@ -377,13 +377,15 @@ impl<P: Platform> Conn<P> {
 /// The handler of one connection's CQ, QP and CM events.
 struct Handler<P: Platform> {
     engine: Weak<Engine<P>>,
-    conn: SpinLock<Weak<Conn<P>>, P>,
+    /// The connection, kept alive until its objects are released (the
+    /// cycle is broken there).
+    conn: SpinLock<Option<Arc<Conn<P>>>, P>,
 }
 
 impl<P: Platform> Handler<P> {
     fn get(&self, irql: &impl LeDispatch) -> Option<(Arc<Engine<P>>, Arc<Conn<P>>)> {
         let engine = self.engine.upgrade()?;
-        let conn = self.conn.lock(irql).upgrade()?;
+        let conn = self.conn.lock(irql).clone()?;
         Some((engine, conn))
     }
 }
@@ -743,7 +745,9 @@ impl<P: Platform> WorkHandler for SlowPath<P> {
                 Outcome::Cancelled(SlowRequest::CreateSession { target, epoch, .. }) => {
                     engine.fail_epoch(target, epoch, Why::Post, d);
                 }
-                Outcome::Cancelled(SlowRequest::Release(_)) => {
+                Outcome::Cancelled(SlowRequest::Release(conn)) => {
+                    let own = conn.handler.conn.lock(d).take();
+                    drop(own);
                     engine.conns_alive.fetch_sub(1, Ordering::AcqRel);
                 }
                 Outcome::Done(_) => {}
@@ -1059,7 +1063,7 @@ impl<P: Platform> Engine<P> {
         let sz = &t.sizing;
         let handler = Arc::new(Handler {
             engine: Arc::downgrade(self),
-            conn: SpinLock::new(Weak::new()),
+            conn: SpinLock::new(None),
         });
         let pd = self.device.alloc_pd(irql)?;
         let pow2 = |n: u32| {
@@ -1172,7 +1176,7 @@ impl<P: Platform> Engine<P> {
             life: SpinLock::new(Life::default()),
             handler: handler.clone(),
         });
-        *handler.conn.lock(irql) = Arc::downgrade(&conn);
+        *handler.conn.lock(irql) = Some(Arc::clone(&conn));
         self.conns_alive.fetch_add(1, Ordering::AcqRel);
         Ok(conn)
     }
@@ -1994,6 +1998,8 @@ impl<P: Platform> Engine<P> {
             .is_ok()
         });
         if !submitted {
+            let own = conn.handler.conn.lock(irql).take();
+            drop(own);
             self.conns_alive.fetch_sub(1, Ordering::AcqRel);
         }
     }
@@ -2020,7 +2026,8 @@ impl<P: Platform> Engine<P> {
         let _ = conn.tx.dereg(irql);
         let _ = conn.rx.dereg(irql);
         let _ = conn.pd.dealloc(irql);
-        *conn.handler.conn.lock(irql) = Weak::new();
+        let own = conn.handler.conn.lock(irql).take();
+        drop(own);
         self.conns_alive.fetch_sub(1, Ordering::AcqRel);
     }
 

@@ -54,4 +54,6 @@
 
 mod engine;
 
+pub use engine::UNSOLICITED_MAX;
+
 pub use engine::{IserConfig, IserError, IserPrepared, IserStats, IserTransport};
