@@ -487,10 +487,12 @@ struct IoSlot<P: Platform> {
     unsolicited_len: u32,
     pages: u32,
     first_offset: u32,
+    /// The buffer's pages (filled at prepare, registered at post).
+    page_list: Box<[PhysAddr]>,
 }
 
 impl<P: Platform> IoSlot<P> {
-    fn new() -> Self {
+    fn new(max_pages: u32) -> Self {
         Self {
             phase: SlotPhase::Free,
             generation: 0,
@@ -512,6 +514,7 @@ impl<P: Platform> IoSlot<P> {
             unsolicited_len: 0,
             pages: 0,
             first_offset: 0,
+            page_list: alloc::vec![PhysAddr(0); max_pages as usize + 1].into_boxed_slice(),
         }
     }
 
@@ -563,7 +566,6 @@ struct TState<P: Platform> {
     ctl_free: u8,
     rx_scratch: Box<[u8]>,
     tx_scratch: Box<[u8]>,
-    pages: Box<[PhysAddr]>,
     early: heapless::Vec<(u16, u32, Option<u32>), EARLY_MAX>,
     window_opened: bool,
     challenge_seed: u64,
@@ -2091,11 +2093,16 @@ impl<P: Platform> Engine<P> {
         let mut mr = None;
         if has_data {
             let mut runs = [Run::default(); 1];
+            let pages = st
+                .slots
+                .get_mut(usize::from(index))
+                .map(|s| &mut s.page_list[..])
+                .ok_or(unsupported)?;
             let plan = mapping::plan(
                 cmd.sg_list,
                 cmd.transfer_length,
                 t.sizing.max_pages,
-                &mut st.pages,
+                pages,
                 &mut runs,
             );
             match plan {
@@ -2316,12 +2323,7 @@ impl<P: Platform> Engine<P> {
         why: &mut Option<Why>,
     ) -> Result<(), Option<PreparedCommand>> {
         let index = p.slot;
-        let TState {
-            slots,
-            session,
-            pages,
-            ..
-        } = &mut *st;
+        let TState { slots, session, .. } = &mut *st;
         let (Some(s), Some(session)) = (slots.get_mut(usize::from(index)), session.as_mut()) else {
             return Err(Some(p.command));
         };
@@ -2345,7 +2347,7 @@ impl<P: Platform> Engine<P> {
                     AccessFlags::REMOTE_READ
                 };
                 let iova = IOVA_BASE | (u64::from(index) << 32) | u64::from(s.first_offset);
-                let page_list = pages.get(..s.pages as usize).unwrap_or(&[]);
+                let page_list = s.page_list.get(..s.pages as usize).unwrap_or(&[]);
                 let reg = FastReg {
                     pages: page_list,
                     page_shift: PAGE_SHIFT,
@@ -2624,7 +2626,7 @@ impl<P: Platform> IserTransport<P> {
                 snd_w_inv: false,
                 reset_pending: false,
                 busy_reported: false,
-                slots: (0..slots).map(|_| IoSlot::new()).collect(),
+                slots: (0..slots).map(|_| IoSlot::new(sizing.max_pages)).collect(),
                 free: (0..sizing.slots).rev().collect(),
                 core_map: alloc::vec![NONE; 1 << 16].into_boxed_slice(),
                 finishing: Vec::with_capacity(slots),
@@ -2634,8 +2636,6 @@ impl<P: Platform> IserTransport<P> {
                 ctl_free: 0,
                 rx_scratch: alloc::vec![0u8; rx_len].into_boxed_slice(),
                 tx_scratch: alloc::vec![0u8; tx_len].into_boxed_slice(),
-                pages: alloc::vec![PhysAddr(0); sizing.max_pages as usize + 1]
-                    .into_boxed_slice(),
                 early: heapless::Vec::new(),
                 window_opened: false,
                 challenge_seed: 0x1234_5678 ^ u64::from(index),
