@@ -417,7 +417,10 @@ impl IserStack {
         let id = self.submit(&spec, p);
         let out = self.wait(&[id], Duration::from_secs(30), p);
         let data = self.model.data(id).unwrap_or_default();
-        (out.into_iter().next().unwrap_or_else(|| panic!("none")), data)
+        (
+            out.into_iter().next().unwrap_or_else(|| panic!("none")),
+            data,
+        )
     }
 
     /// A WRITE; waits.

@@ -50,8 +50,16 @@ fn sizes_and_shapes_at_depth_one() {
                     let lba = (i as u64) * u64::from((1 << 20) / block);
                     let data = w.bytes(size as usize);
                     let o = s.write(0, lun, lba, &data, shape, p);
-                    assert_eq!(o.status.base(), SrbStatus::SUCCESS, "write {size} {shape:?}");
-                    assert_eq!(s.medium(0, lun, lba, u64::from(blocks)), data, "write {size}");
+                    assert_eq!(
+                        o.status.base(),
+                        SrbStatus::SUCCESS,
+                        "write {size} {shape:?}"
+                    );
+                    assert_eq!(
+                        s.medium(0, lun, lba, u64::from(blocks)),
+                        data,
+                        "write {size}"
+                    );
                     let (o, back) = s.read(0, lun, lba, blocks, shape, p);
                     assert_eq!(o.status.base(), SrbStatus::SUCCESS, "read {size} {shape:?}");
                     assert!(back == data, "read {size} {shape:?} differs");
@@ -149,10 +157,11 @@ fn target_refusing_remote_invalidation_is_honoured() {
     let config = IserStackConfig::default();
     IserStack::run(&config, |s, p| {
         // Applies from the next connection: drop the current one.
-        s.target(0).set_rdma_misbehaviour(kverbs_tools::iser_target::IserMisbehaviour {
-            refuse_send_with_invalidate: true,
-            ..Default::default()
-        });
+        s.target(0)
+            .set_rdma_misbehaviour(kverbs_tools::iser_target::IserMisbehaviour {
+                refuse_send_with_invalidate: true,
+                ..Default::default()
+            });
         s.transport().drop_connection(0, p);
         assert!(s.wait_until(std::time::Duration::from_secs(20), || {
             s.stats(0, p).logins >= 2

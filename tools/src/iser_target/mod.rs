@@ -403,10 +403,15 @@ impl Worker {
                 }
             }
             self.svc.live.store(
-                self.conns.values().filter(|c| c.full && c.phase == Phase::Live).count() as u64,
+                self.conns
+                    .values()
+                    .filter(|c| c.full && c.phase == Phase::Live)
+                    .count() as u64,
                 Ordering::Release,
             );
-            self.svc.open.store(self.conns.len() as u64, Ordering::Release);
+            self.svc
+                .open
+                .store(self.conns.len() as u64, Ordering::Release);
             let _ = self.svc.wake.wait_timeout(Duration::from_millis(20), p);
         }
     }
@@ -450,7 +455,8 @@ impl Worker {
             rep_flags |= IserCmFlags::SEND_WITH_INVALIDATE_NOT_SUPPORTED;
         }
         let mut rep = [0u8; CM_HEADER_LEN];
-        let _ = IserCmRepr { flags: rep_flags }.emit(&mut IserCmHeader::new_unchecked(&mut rep[..]));
+        let _ =
+            IserCmRepr { flags: rep_flags }.emit(&mut IserCmHeader::new_unchecked(&mut rep[..]));
         let params = ConnParams {
             responder_resources: 4,
             initiator_depth: pending.responder_resources.clamp(1, 16),
@@ -466,7 +472,10 @@ impl Worker {
             private_data: &rep,
         };
         let handler: Arc<dyn CmHandler> = shared;
-        let ok = svc.port.accept(pending.id, &accept, &qp, &handler, p).is_ok();
+        let ok = svc
+            .port
+            .accept(pending.id, &accept, &qp, &handler, p)
+            .is_ok();
         svc.counters.connections.fetch_add(1, Ordering::Relaxed);
         if !ok {
             conn.phase = Phase::DestroyingQp;
@@ -525,8 +534,7 @@ impl Worker {
                 max_recv_sge: 1,
                 port: 1,
             },
-            svc.port
-                .qp_events(shared.clone() as Arc<dyn QpHandler>, p),
+            svc.port.qp_events(shared.clone() as Arc<dyn QpHandler>, p),
             p,
         ) {
             Ok(q) => q,
@@ -583,7 +591,11 @@ impl Worker {
                 continue;
             };
             let out = {
-                let mut l = self.svc.logic.lock().unwrap_or_else(PoisonError::into_inner);
+                let mut l = self
+                    .svc
+                    .logic
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner);
                 match r {
                     Request::Async {
                         event,
@@ -772,7 +784,11 @@ impl Worker {
         let logic = conn.logic;
         let was_full = conn.full;
         let (out, full) = {
-            let mut l = self.svc.logic.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut l = self
+                .svc
+                .logic
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
             let out = l.receive(logic, pdu);
             (out, l.is_full_feature(logic))
         };
@@ -893,7 +909,10 @@ impl Worker {
         let Ok(mut batch) = conn.qp.begin_send(p) else {
             return false;
         };
-        if batch.send(&wr, Signal::Signalled(WrCtx::Send(slot))).is_err() {
+        if batch
+            .send(&wr, Signal::Signalled(WrCtx::Send(slot)))
+            .is_err()
+        {
             return false;
         }
         batch.commit();
@@ -908,7 +927,14 @@ impl Worker {
         Some(mr)
     }
 
-    fn rdma_write(&mut self, key: u64, itt: u32, offset: u32, data: &[u8], p: &Passive<'_>) -> bool {
+    fn rdma_write(
+        &mut self,
+        key: u64,
+        itt: u32,
+        offset: u32,
+        data: &[u8],
+        p: &Passive<'_>,
+    ) -> bool {
         let Some(read) = self
             .conns
             .get(&key)
@@ -951,7 +977,10 @@ impl Worker {
         }
         batch.commit();
         conn.staging.insert(id, (itt, mr));
-        self.svc.counters.rdma_writes.fetch_add(1, Ordering::Relaxed);
+        self.svc
+            .counters
+            .rdma_writes
+            .fetch_add(1, Ordering::Relaxed);
         true
     }
 
