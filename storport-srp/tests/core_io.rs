@@ -419,3 +419,143 @@ fn concurrent_start_io_callers() {
         model.finish();
     }
 }
+
+/// `reissue` runs a completed request again with a new CDB, direction and
+/// data in the same buffer (how a benchmark keeps one request per
+/// outstanding I/O), with nothing left over from the last completion; the
+/// completion hook hears of every completion once its outcome is final, and
+/// an uncompleted request cannot be reissued.
+#[test]
+fn a_completed_request_is_reissued_and_every_completion_is_heard() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    let platform = manual();
+    platform.run_passive(|p| {
+        let model = start(
+            &platform,
+            ModelConfig::default(),
+            adapter_config(),
+            FakeConfig::default(),
+            p,
+        );
+        let heard = Arc::new(AtomicU32::new(0));
+        let last = Arc::new(AtomicU32::new(u32::MAX));
+        {
+            let (heard, last) = (heard.clone(), last.clone());
+            assert!(model.on_complete(Box::new(move |id| {
+                last.store(id, Ordering::Relaxed);
+                heard.fetch_add(1, Ordering::Relaxed);
+            })));
+        }
+        assert!(!model.on_complete(Box::new(|_| {})), "one hook only");
+        let at = lun(0, 0);
+        let first = pattern(1, 4 * BLOCK);
+        let (id, w) = run(
+            &model,
+            &RequestSpec::scsi_out(at, &scsi::write10(8, 4), first.clone()),
+            p,
+        );
+        assert_eq!(w.status, SrbStatus::SUCCESS);
+        assert_eq!(heard.load(Ordering::Relaxed), 1);
+        assert_eq!(last.load(Ordering::Relaxed), id);
+        // The same request, now a READ elsewhere: the target's zeros come
+        // back (the buffer is overwritten, not left holding the write).
+        model
+            .reissue(id, at, &scsi::read10(100, 4), DataDirection::In, None)
+            .unwrap();
+        model.pump(p);
+        model.settle();
+        let r = model.outcome(id).unwrap();
+        assert_eq!(
+            (r.state, r.status, r.completions),
+            (RequestState::Completed, SrbStatus::SUCCESS, 1)
+        );
+        assert_eq!(model.data(id).unwrap(), vec![0u8; 4 * BLOCK]);
+        // Again as a READ of what was written first.
+        model
+            .reissue(id, at, &scsi::read10(8, 4), DataDirection::In, None)
+            .unwrap();
+        model.pump(p);
+        model.settle();
+        assert_eq!(model.data(id).unwrap(), first);
+        // As a WRITE with new data, then read back through a fresh request.
+        let second = pattern(2, 4 * BLOCK);
+        model
+            .reissue(
+                id,
+                at,
+                &scsi::write10(8, 4),
+                DataDirection::Out,
+                Some(&second),
+            )
+            .unwrap();
+        model.pump(p);
+        model.settle();
+        let (_, r) = run(
+            &model,
+            &RequestSpec::scsi_in(at, &scsi::read10(8, 4), 4 * BLOCK as u32),
+            p,
+        );
+        assert_eq!(r.status, SrbStatus::SUCCESS);
+        assert_eq!(heard.load(Ordering::Relaxed), 5);
+        // A status from the last completion does not stick: a failing
+        // command, then a good one in the same request.
+        model
+            .reissue(
+                id,
+                at,
+                &scsi::read10(u32::MAX - 1, 4),
+                DataDirection::In,
+                None,
+            )
+            .unwrap();
+        model.pump(p);
+        model.settle();
+        assert_ne!(model.outcome(id).unwrap().status, SrbStatus::SUCCESS);
+        model
+            .reissue(id, at, &scsi::read10(8, 4), DataDirection::In, None)
+            .unwrap();
+        model.pump(p);
+        model.settle();
+        let r = model.outcome(id).unwrap();
+        assert_eq!(
+            (r.status, r.scsi_status, r.data_transfer_length),
+            (SrbStatus::SUCCESS, 0, 4 * BLOCK as u32)
+        );
+        assert_eq!(model.data(id).unwrap(), second);
+        // Not completed (queued, or never issued): refused. Too much data:
+        // refused.
+        let held = model
+            .create(
+                &RequestSpec::scsi_in(at, &scsi::read10(0, 1), BLOCK as u32),
+                p,
+            )
+            .unwrap();
+        assert!(
+            model
+                .reissue(held, at, &scsi::read10(0, 1), DataDirection::In, None)
+                .is_err()
+        );
+        assert!(
+            model
+                .reissue(
+                    id,
+                    at,
+                    &scsi::write10(8, 4),
+                    DataDirection::Out,
+                    Some(&[0; 8 * BLOCK])
+                )
+                .is_err()
+        );
+        assert!(
+            model
+                .reissue(9999, at, &scsi::read10(0, 1), DataDirection::In, None)
+                .is_err()
+        );
+        model.issue(held).unwrap();
+        model.pump(p);
+        model.finish();
+    });
+    platform.finish();
+}

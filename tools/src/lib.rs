@@ -1,6 +1,7 @@
 //! Tools around the initiator: the benchmark, software targets, the INF and
 //! attachment tool, and the Linux target VM harness.
 
+pub mod bench;
 pub mod iscsi_target;
 pub mod iser_target;
 pub mod ntbuild;

@@ -82,8 +82,8 @@ use kverbs::sync::{SpinLock, with_dispatch};
 use self::check::DeviceIrqlScope;
 use self::srb::{SgState, SrbBody};
 use super::{
-    AdapterLimits, Address, BuildIo, Dirql, DpcId, FindAdapterError, HwMiniport, LogEvent,
-    SgListRefused, SrbStatus, StorPort, SupportedControls, TimerId,
+    AdapterLimits, Address, BuildIo, DataDirection, Dirql, DpcId, FindAdapterError, HwMiniport,
+    LogEvent, SgListRefused, SrbStatus, StorPort, SupportedControls, TimerId,
 };
 
 /// StorPort's StartIo synchronisation.
@@ -408,7 +408,13 @@ pub struct ModelShared {
     alternate: AtomicU64,
     counters: Counters,
     log: Mutex<LogRing>,
+    /// Told the index of every request that completes (see
+    /// [`StorPortModel::on_complete`]).
+    completion_hook: OnceLock<CompletionHook>,
 }
+
+/// What [`StorPortModel::on_complete`] installs.
+type CompletionHook = Box<dyn Fn(u32) + Send + Sync>;
 
 impl ModelShared {
     pub(crate) fn extension(&self, index: u32) -> Option<&[AtomicU64]> {
@@ -643,6 +649,9 @@ impl ModelShared {
         } else {
             bump(&self.counters.completed);
             self.wake();
+            if let Some(hook) = self.completion_hook.get() {
+                hook(index);
+            }
         }
     }
 
@@ -1210,6 +1219,7 @@ impl<M: HwMiniport<HostPort>> StorPortModel<M> {
                     entries: vec![None; LOG_CAPACITY].into_boxed_slice(),
                     next: 0,
                 }),
+                completion_hook: OnceLock::new(),
                 config,
             }
         });
@@ -1399,6 +1409,65 @@ impl<M: HwMiniport<HostPort>> StorPortModel<M> {
         self.issue(id)?;
         self.pump(irql);
         Ok(id)
+    }
+
+    /// Issues a completed request again — its data buffer (same size,
+    /// same physical layout) to `address` with a new CDB and direction,
+    /// after writing
+    /// `data` (if given) at the start of the buffer. A benchmark keeps one
+    /// request per outstanding I/O this way, as it keeps one buffer per
+    /// outstanding I/O on Windows, instead of filling the model's table.
+    /// Everything StorPort and the miniport set at the last completion
+    /// (status, sense, transfer length) is reset.
+    ///
+    /// # Errors
+    /// [`ModelError::NotAvailable`] if the request is not completed, or
+    /// `data` does not fit its buffer.
+    pub fn reissue(
+        &self,
+        request: u32,
+        address: Address,
+        cdb: &[u8],
+        direction: DataDirection,
+        data: Option<&[u8]>,
+    ) -> Result<(), ModelError> {
+        let s = &self.shared;
+        let record = s
+            .records
+            .get(request as usize)
+            .ok_or(ModelError::NotAvailable)?;
+        let device = {
+            let mut inner = lock(&record.inner);
+            if inner.state != RequestState::Completed {
+                return Err(ModelError::NotAvailable);
+            }
+            let body = inner.body.as_mut().ok_or(ModelError::NotAvailable)?;
+            if let Some(data) = data {
+                body.write(0, data).map_err(|_| ModelError::NotAvailable)?;
+            }
+            body.rearm(address, cdb, direction);
+            inner.device = s.device_index(address);
+            inner.state = RequestState::Queued;
+            inner.done = None;
+            inner.completions = 0;
+            inner.busy_requeues = 0;
+            inner.timed_out = false;
+            inner.reset_deadline = None;
+            inner.device
+        };
+        lock(&s.queue).pending.push_back((request, device));
+        s.kick();
+        Ok(())
+    }
+
+    /// Calls `hook` with the index of every request that completes (not
+    /// for `SRB_STATUS_BUSY` requeues), once its [outcome](Self::outcome)
+    /// is final — so a benchmark learns of completions without polling.
+    /// The hook runs wherever the miniport completes requests (a DPC, at
+    /// `DISPATCH_LEVEL`): it must not block or allocate. Only the first
+    /// hook installed is kept; `false` if one was already there.
+    pub fn on_complete(&self, hook: Box<dyn Fn(u32) + Send + Sync>) -> bool {
+        self.shared.completion_hook.set(hook).is_ok()
     }
 
     /// Makes StorPort refuse the next `n` scatter/gather list requests (no

@@ -266,6 +266,27 @@ impl SrbBody {
         Ok(body)
     }
 
+    /// Makes a completed request's body new again for
+    /// [`super::StorPortModel::reissue`]: new address, CDB and direction,
+    /// the whole buffer to transfer, nothing set by the last completion
+    /// left.
+    pub(crate) fn rearm(&mut self, address: Address, cdb: &[u8], direction: DataDirection) {
+        self.address = address;
+        let n = cdb.len().min(self.cdb.len());
+        self.cdb = [0; 32];
+        if let (Some(dst), Some(src)) = (self.cdb.get_mut(..n), cdb.get(..n)) {
+            dst.copy_from_slice(src);
+        }
+        self.cdb_len = n;
+        self.direction = direction;
+        self.data_transfer_length = u32::try_from(self.buffer_len()).unwrap_or(u32::MAX);
+        self.srb_status = SrbStatus::PENDING;
+        self.scsi_status = 0;
+        self.sense.fill(0);
+        self.sense_len = u8::try_from(self.sense.len()).unwrap_or(u8::MAX);
+        self.sg_state = SgState::NotBuilt;
+    }
+
     /// Bytes of the whole data buffer (its allocated size).
     pub(crate) fn buffer_len(&self) -> u64 {
         self.segments.iter().map(|s| u64::from(s.len)).sum()
