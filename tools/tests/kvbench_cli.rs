@@ -116,7 +116,12 @@ fn a_short_run_prints_the_table_and_writes_csv_json_and_plots() {
         ]}]}"#,
     )
     .unwrap();
-    let (csv, json, plots) = (dir.join("r.csv"), dir.join("r.json"), dir.join("plots"));
+    // The CSV and JSON go into a directory that does not exist yet.
+    let (csv, json, plots) = (
+        dir.join("tables/r.csv"),
+        dir.join("tables/r.json"),
+        dir.join("plots"),
+    );
     let out = run(&[
         "--transport",
         "ram",

@@ -19,11 +19,11 @@
 //!   `add_target` string (`Protocol=srp`, `AddTarget`), iSER targets an IQN
 //!   and a portal (`Protocol=iser`, `TargetName`, `Portal`).
 //!
-//! What is *not* decided here: the meaning of an `add_target` string (its
-//! keys and their consistency) and the consistency of the SRP timeouts
-//! (`srp_tmo_valid`) belong to the SRP engine's own strict parser, which
-//! is not on this branch; the strings are checked for shape (printable
-//! ASCII, bounded) and handed to the transport as they are.
+//! An `add_target` string is checked for shape here (printable ASCII,
+//! bounded) and then by the SRP engine's own strict parser
+//! ([`parse_add_target`]: its keys, their values and consistency, the
+//! `srp_tmo_valid` rules), so a driver refuses at load time exactly what
+//! the engine would refuse at attach time.
 //!
 //! [`registry`] reads the values with `ZwOpenKey`/`ZwQueryValueKey`/
 //! `ZwEnumerateKey` (`PASSIVE_LEVEL`); the rest is pure and unit-tested.
@@ -35,6 +35,7 @@ use core::fmt;
 use super::srb::MAX_SG_ELEMENTS;
 use crate::miniport::tracker::MAX_SLOTS;
 use crate::miniport::{AdapterConfig, TMF_SLOTS};
+use crate::srp::params::{ParamError as AddTargetError, parse_add_target};
 
 /// Most targets one adapter attaches (StorPort target ids are a byte).
 pub const MAX_TARGETS: usize = 128;
@@ -156,6 +157,9 @@ pub enum ParamError {
     BadString(String, &'static str),
     /// A target's `Protocol` is neither `srp` nor `iser`.
     UnknownProtocol(String),
+    /// The SRP engine's parser refuses a target's `AddTarget` string
+    /// (target, why).
+    BadAddTarget(String, AddTargetError),
 }
 
 impl fmt::Display for ParamError {
@@ -181,6 +185,7 @@ impl fmt::Display for ParamError {
                 "target {t}: {v} is empty, too long or not printable ASCII"
             ),
             Self::UnknownProtocol(t) => write!(f, "target {t}: Protocol is neither srp nor iser"),
+            Self::BadAddTarget(t, e) => write!(f, "target {t}: AddTarget: {e}"),
         }
     }
 }
@@ -366,7 +371,8 @@ impl Attachment {
     /// A target from its subkey name and values (`value(name)` reads one).
     ///
     /// # Errors
-    /// A bad name, a missing or mistyped value, an unknown protocol.
+    /// A bad name, a missing or mistyped value, an unknown protocol, an
+    /// `AddTarget` string the SRP engine refuses.
     pub fn parse(key: &[u16], mut value: impl FnMut(&str) -> RegValue) -> Result<Self, ParamError> {
         let name = printable(key, MAX_TARGET_KEY_LEN)
             .ok_or_else(|| ParamError::BadTargetName(String::from_utf16_lossy(key)))?;
@@ -382,9 +388,11 @@ impl Attachment {
         };
         let protocol = string("Protocol", 8)?;
         let protocol = if protocol.eq_ignore_ascii_case("srp") {
-            Protocol::Srp {
-                add_target: string("AddTarget", MAX_ADD_TARGET_LEN)?,
+            let add_target = string("AddTarget", MAX_ADD_TARGET_LEN)?;
+            if let Err(e) = parse_add_target(add_target.as_bytes()) {
+                return Err(ParamError::BadAddTarget(name, e));
             }
+            Protocol::Srp { add_target }
         } else if protocol.eq_ignore_ascii_case("iser") {
             Protocol::Iser {
                 target_name: string("TargetName", MAX_TARGET_NAME_LEN)?,
@@ -865,17 +873,19 @@ mod tests {
         }
     }
 
+    const GOOD_ADD_TARGET: &str = "id_ext=1,ioc_guid=2,dest=192.0.2.7:5555";
+
     #[test]
     fn attachments_parse_both_protocols() {
         let srp = Attachment::parse(
             &wide("array1"),
-            strings(&[("Protocol", "srp"), ("AddTarget", "id_ext=1,ioc_guid=2")]),
+            strings(&[("Protocol", "srp"), ("AddTarget", GOOD_ADD_TARGET)]),
         )
         .unwrap();
         assert_eq!(
             srp.protocol,
             Protocol::Srp {
-                add_target: "id_ext=1,ioc_guid=2".into()
+                add_target: GOOD_ADD_TARGET.into()
             }
         );
         let iser = Attachment::parse(
@@ -941,6 +951,19 @@ mod tests {
                 strings(&[("Protocol", "srp"), ("AddTarget", &long)])
             ),
             Err(ParamError::BadString(name(), "AddTarget"))
+        );
+        // Well-formed as a string, refused by the SRP engine's parser
+        // (no destination), with the parser's reason.
+        let no_dest = "id_ext=1,ioc_guid=2";
+        let Err(why) = crate::srp::params::parse_add_target(no_dest.as_bytes()) else {
+            panic!("{no_dest} parsed");
+        };
+        assert_eq!(
+            Attachment::parse(
+                &wide("t"),
+                strings(&[("Protocol", "srp"), ("AddTarget", no_dest)])
+            ),
+            Err(ParamError::BadAddTarget(name(), why))
         );
         assert_eq!(
             Attachment::parse(&[0xD800], |_| RegValue::Absent),

@@ -462,15 +462,22 @@ fn slug(name: &str) -> String {
         .join("-")
 }
 
+/// Creates an output file, and its directory if it does not exist yet.
+fn create_output(path: &std::path::Path) -> Result<std::fs::File, String> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    }
+    std::fs::File::create(path).map_err(|e| format!("cannot create {}: {e}", path.display()))
+}
+
 fn write_outputs(args: &Args, suite: &SuiteResult) -> Result<(), String> {
     if let Some(path) = &args.csv {
-        let file = std::fs::File::create(path)
-            .map_err(|e| format!("cannot create {}: {e}", path.display()))?;
+        let file = create_output(path)?;
         report::write_csv(suite, file).map_err(|e| format!("writing {}: {e}", path.display()))?;
     }
     if let Some(path) = &args.json {
-        let file = std::fs::File::create(path)
-            .map_err(|e| format!("cannot create {}: {e}", path.display()))?;
+        let file = create_output(path)?;
         report::write_json(suite, std::io::BufWriter::new(file))
             .map_err(|e| format!("writing {}: {e}", path.display()))?;
     }
