@@ -397,6 +397,36 @@ impl IserStack {
             .collect()
     }
 
+    /// Waits for requests, advancing StorPort's clock by `tick` each
+    /// round (its request timeouts run on that clock).
+    ///
+    /// # Panics
+    /// If one does not complete within `timeout`.
+    pub fn wait_ticking(
+        &self,
+        ids: &[u32],
+        timeout: Duration,
+        tick: Duration,
+        p: &Passive<'_>,
+    ) -> Vec<RequestOutcome> {
+        let start = Instant::now();
+        while !ids.iter().all(|id| self.done(*id)) {
+            assert!(
+                start.elapsed() < timeout,
+                "requests not completed in {timeout:?}"
+            );
+            self.model.advance(tick, p);
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        ids.iter()
+            .map(|id| {
+                self.model
+                    .outcome(*id)
+                    .unwrap_or_else(|| panic!("no request {id}"))
+            })
+            .collect()
+    }
+
     /// A READ; waits.
     pub fn read(
         &self,

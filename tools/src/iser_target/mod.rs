@@ -25,7 +25,15 @@
 //!
 //! # Misbehaviour
 //! [`IscsiTarget::misbehaviour`] (through [`IserTarget::with_logic`]) and
-//! the RDMA ones in [`IserMisbehaviour`].
+//! the RDMA ones in [`IserMisbehaviour`], among them the hostile RDMA
+//! attempts of the SRP target ([`HostileAttempt`], reported as
+//! [`HostileReport`]s: the channel is the connection's key, the tag the
+//! command's ITT).
+//!
+//! # Capture
+//! [`IserTarget::start_capture`] records every PDU received and sent (iSER
+//! header included) and every RDMA operation, for golden tests of what the
+//! initiator put on the wire ([`Captured`]).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -59,7 +67,7 @@ use storport_srp::wire::iser::{
 
 use crate::iscsi_target::{ConnId, IscsiTarget, Output, TargetConfig};
 use crate::scsi_target::{LunConfig, ScsiTarget, TargetConfig as ScsiConfig};
-use crate::srp_target::CmTiming;
+use crate::srp_target::{CmTiming, HostileAttempt, HostileOutcome, HostileReport};
 
 type Hp = HostPlatform;
 
@@ -71,6 +79,13 @@ const RX_RING: u32 = 128;
 const TX_SLOTS: u32 = 128;
 /// Notes the mailbox holds.
 const MAILBOX: usize = 1 << 16;
+/// A buffer is "stale" once its response was delivered this long ago: the
+/// initiator has completed the command (and fenced its key) by then.
+const STALE_AGE: Duration = Duration::from_millis(20);
+/// The byte hostile writes carry.
+const HOSTILE_BYTE: u8 = 0xA5;
+/// Largest hostile transfer.
+const HOSTILE_MAX: u32 = 4096;
 
 /// RDMA misbehaviour (hostile and faulty targets).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -87,6 +102,59 @@ pub struct IserMisbehaviour {
     pub read_with_offset: bool,
     /// Reject every connection request (CM REJ, consumer defined).
     pub reject_connect: bool,
+    /// Drop every NOP-Out unanswered (a target that stopped answering
+    /// pings; the initiator's NOP-Out timeout must end the connection).
+    pub ignore_nop_out: bool,
+    /// One hostile RDMA attempt, fired on the first command it applies to
+    /// (then disarmed); see [`IserTarget::hostile_reports`].
+    pub hostile: Option<HostileAttempt>,
+}
+
+/// What [`IserTarget::start_capture`] recorded, in order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Captured {
+    /// A PDU received: iSER header, BHS, AHS, data segment.
+    Received {
+        /// The connection's key.
+        conn: u64,
+        /// The bytes as received.
+        pdu: Vec<u8>,
+    },
+    /// A PDU sent: iSER header, BHS, data segment.
+    Sent {
+        /// The connection's key.
+        conn: u64,
+        /// The bytes as sent.
+        pdu: Vec<u8>,
+        /// The STag invalidated remotely with it.
+        invalidate: Option<u32>,
+    },
+    /// An RDMA WRITE (Data-In) posted.
+    RdmaWrite {
+        /// The connection's key.
+        conn: u64,
+        /// The command's ITT.
+        itt: u32,
+        /// The remote address.
+        remote_addr: u64,
+        /// The rkey (the command's read STag).
+        rkey: u32,
+        /// Bytes.
+        len: u32,
+    },
+    /// An RDMA READ (Data-Out) posted.
+    RdmaRead {
+        /// The connection's key.
+        conn: u64,
+        /// The command's ITT.
+        itt: u32,
+        /// The remote address.
+        remote_addr: u64,
+        /// The rkey (the command's write STag).
+        rkey: u32,
+        /// Bytes.
+        len: u32,
+    },
 }
 
 /// The target's configuration.
@@ -102,6 +170,9 @@ pub struct IserTargetConfig {
     pub cm_timing: Option<CmTiming>,
     /// How long a stop may take.
     pub stop_timeout: Duration,
+    /// Record the wire from the start (login included; see
+    /// [`IserTarget::captured`]).
+    pub capture: bool,
 }
 
 impl IserTargetConfig {
@@ -114,6 +185,7 @@ impl IserTargetConfig {
             port: 3260,
             cm_timing: None,
             stop_timeout: Duration::from_secs(30),
+            capture: false,
         }
     }
 }
@@ -146,6 +218,9 @@ struct Counters {
     wr_errors: AtomicU64,
     malformed: AtomicU64,
     login_pdus_early: AtomicU64,
+    nop_outs_ignored: AtomicU64,
+    hostile_attempts: AtomicU64,
+    scsi_commands: AtomicU64,
 }
 
 /// A snapshot of the counters.
@@ -168,6 +243,12 @@ pub struct IserCounters {
     /// A login PDU arrived while no login buffer was posted (must stay 0:
     /// the initiator sends one login PDU at a time).
     pub login_pdus_early: u64,
+    /// NOP-Outs dropped unanswered ([`IserMisbehaviour::ignore_nop_out`]).
+    pub nop_outs_ignored: u64,
+    /// Hostile RDMA attempts made.
+    pub hostile_attempts: u64,
+    /// SCSI Command PDUs received (held ones included).
+    pub scsi_commands: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -176,6 +257,7 @@ enum WrCtx {
     Send(u32),
     Write(u64),
     Read(u64),
+    Hostile(u64),
 }
 
 #[derive(Debug)]
@@ -267,10 +349,21 @@ struct Conn {
     phase: Phase,
     full: bool,
     snd_w_inv: bool,
-    /// STags of commands in progress: (read, write, bytes received
-    /// before the RDMA READ).
-    stags: HashMap<u32, (Option<RdmaBuf>, Option<RdmaBuf>)>,
+    /// STags of commands in progress: (read, write, expected data
+    /// transfer length).
+    stags: HashMap<u32, (Option<RdmaBuf>, Option<RdmaBuf>, u32)>,
     staging: HashMap<u64, (u32, Mr<Hp>)>,
+    /// SCSI Responses in flight by send slot: the command's read buffer
+    /// and length, and an after-response hostile write armed on it.
+    responses: HashMap<u32, (u32, Option<RdmaBuf>, u32, Option<Duration>)>,
+    /// Read buffers whose responses were delivered (newest last).
+    delivered: VecDeque<(Instant, u32, RdmaBuf, u32)>,
+    /// Commands an after-response hostile write is armed on.
+    armed_after: HashMap<u32, Duration>,
+    /// After-response hostile writes due: (when, ITT, buffer, length).
+    later: Vec<(Instant, u32, RdmaBuf, u32)>,
+    /// Hostile work requests in flight: report index and scratch MR.
+    hostile: HashMap<u64, (usize, Mr<Hp>)>,
     early: VecDeque<Vec<u8>>,
     /// Outputs waiting for a send buffer.
     waiting: VecDeque<Output>,
@@ -314,6 +407,55 @@ struct Service {
     counters: Counters,
     live: AtomicU64,
     open: AtomicU64,
+    capture: Mutex<Option<Vec<Captured>>>,
+    hostile_reports: Mutex<Vec<HostileReport>>,
+}
+
+impl Service {
+    fn capture(&self, c: impl FnOnce() -> Captured) {
+        let mut cap = self.capture.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(v) = cap.as_mut() {
+            v.push(c());
+        }
+    }
+
+    fn add_hostile(&self, r: HostileReport) -> usize {
+        self.counters
+            .hostile_attempts
+            .fetch_add(1, Ordering::Relaxed);
+        let mut v = self
+            .hostile_reports
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        v.push(r);
+        v.len() - 1
+    }
+
+    fn set_hostile_outcome(&self, index: usize, outcome: HostileOutcome) {
+        if let Some(r) = self
+            .hostile_reports
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get_mut(index)
+        {
+            r.outcome = outcome;
+        }
+    }
+
+    /// Takes the armed hostile attempt if `applies` says it fits.
+    fn take_hostile(
+        &self,
+        applies: impl FnOnce(&HostileAttempt) -> bool,
+    ) -> Option<HostileAttempt> {
+        let mut m = self.rdma.lock().unwrap_or_else(PoisonError::into_inner);
+        let h = m.hostile?;
+        if applies(&h) {
+            m.hostile = None;
+            Some(h)
+        } else {
+            None
+        }
+    }
 }
 
 struct Listener {
@@ -381,6 +523,7 @@ impl Worker {
             for (key, note) in notes.drain(..) {
                 self.note(key, note, p);
             }
+            self.fire_later(p);
             let done: Vec<u64> = self
                 .conns
                 .iter()
@@ -563,6 +706,11 @@ impl Worker {
             snd_w_inv: false,
             stags: HashMap::new(),
             staging: HashMap::new(),
+            responses: HashMap::new(),
+            delivered: VecDeque::new(),
+            armed_after: HashMap::new(),
+            later: Vec::new(),
+            hostile: HashMap::new(),
             early: VecDeque::new(),
             waiting: VecDeque::new(),
         };
@@ -726,8 +874,35 @@ impl Worker {
             Some(WrCtx::Send(slot)) => {
                 if let Some(conn) = self.conns.get_mut(&key) {
                     conn.free_send.push(slot);
+                    if let Some((itt, read, len, after)) = conn.responses.remove(&slot) {
+                        if let (true, Some(buf)) = (ok, read) {
+                            let now = Instant::now();
+                            conn.delivered.push_back((now, itt, buf, len));
+                            if conn.delivered.len() > 64 {
+                                conn.delivered.pop_front();
+                            }
+                            if let Some(delay) = after {
+                                conn.later.push((now + delay, itt, buf, len));
+                            }
+                        }
+                    }
                 }
                 self.flush_waiting(key, p);
+            }
+            Some(WrCtx::Hostile(id)) => {
+                if let Some((index, mr)) = self
+                    .conns
+                    .get_mut(&key)
+                    .and_then(|conn| conn.hostile.remove(&id))
+                {
+                    let _ = mr.dereg(p);
+                    let outcome = match c.status {
+                        WcStatus::Success => HostileOutcome::Succeeded,
+                        WcStatus::Flushed => HostileOutcome::Flushed,
+                        WcStatus::Error(s) => HostileOutcome::Refused(s),
+                    };
+                    self.svc.set_hostile_outcome(index, outcome);
+                }
             }
             Some(WrCtx::Write(id)) => {
                 if let Some(conn) = self.conns.get_mut(&key) {
@@ -769,18 +944,51 @@ impl Worker {
         let header = IserHeader::new_checked(buf)
             .ok()
             .and_then(|h| IserCtrlRepr::parse(&h).ok());
+        self.svc.capture(|| Captured::Received {
+            conn: key,
+            pdu: buf.to_vec(),
+        });
         let (Some(header), Some(pdu)) = (header, buf.get(HEADER_LEN..)) else {
             self.svc.counters.malformed.fetch_add(1, Ordering::Relaxed);
             self.disconnect(key, p);
             return;
         };
-        // A SCSI Command's STags.
-        if pdu.first().map(|b| b & 0x3F) == Some(0x01) {
-            if let Some(itt) = pdu.get(16..20) {
-                let itt = u32::from_be_bytes([itt[0], itt[1], itt[2], itt[3]]);
-                conn.stags.insert(itt, (header.read, header.write));
+        let opcode = pdu.first().map(|b| b & 0x3F);
+        if opcode == Some(0x00) && conn.full {
+            let ignore = self
+                .svc
+                .rdma
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .ignore_nop_out;
+            if ignore {
+                self.svc
+                    .counters
+                    .nop_outs_ignored
+                    .fetch_add(1, Ordering::Relaxed);
+                return;
             }
         }
+        // A SCSI Command's STags.
+        let mut command = None;
+        if opcode == Some(0x01) {
+            if let (Some(itt), Some(edtl)) = (pdu.get(16..20), pdu.get(20..24)) {
+                let itt = u32::from_be_bytes([itt[0], itt[1], itt[2], itt[3]]);
+                let edtl = u32::from_be_bytes([edtl[0], edtl[1], edtl[2], edtl[3]]);
+                conn.stags.insert(itt, (header.read, header.write, edtl));
+                command = Some((itt, header.read, header.write, edtl));
+            }
+        }
+        if let Some((itt, read, write, edtl)) = command {
+            self.svc
+                .counters
+                .scsi_commands
+                .fetch_add(1, Ordering::Relaxed);
+            self.hostile_on_command(key, itt, read, write, edtl, p);
+        }
+        let Some(conn) = self.conns.get_mut(&key) else {
+            return;
+        };
         let logic = conn.logic;
         let was_full = conn.full;
         let (out, full) = {
@@ -889,7 +1097,9 @@ impl Worker {
         // A SCSI Response: invalidate the command's STag when allowed.
         if pdu.first().map(|b| b & 0x3F) == Some(0x21) {
             let itt = u32::from_be_bytes([pdu[16], pdu[17], pdu[18], pdu[19]]);
-            if let Some((read, write)) = conn.stags.remove(&itt) {
+            if let Some((read, write, len)) = conn.stags.remove(&itt) {
+                let after = conn.armed_after.remove(&itt);
+                conn.responses.insert(slot, (itt, read, len, after));
                 let stag = read.or(write).map(|b| b.stag);
                 if let Some(stag) = stag {
                     if conn.snd_w_inv || rdma.unannounced_invalidate {
@@ -906,6 +1116,11 @@ impl Worker {
                 }
             }
         }
+        svc.capture(|| Captured::Sent {
+            conn: key,
+            pdu: buf.clone(),
+            invalidate: wr.invalidate,
+        });
         let Ok(mut batch) = conn.qp.begin_send(p) else {
             return false;
         };
@@ -939,7 +1154,7 @@ impl Worker {
             .conns
             .get(&key)
             .and_then(|c| c.stags.get(&itt))
-            .and_then(|(r, _)| *r)
+            .and_then(|(r, _, _)| *r)
         else {
             return false;
         };
@@ -954,6 +1169,13 @@ impl Worker {
         let Some(sge) = mr.sge(0, data.len() as u32) else {
             return false;
         };
+        self.svc.capture(|| Captured::RdmaWrite {
+            conn: key,
+            itt,
+            remote_addr: read.va + u64::from(offset),
+            rkey: read.stag,
+            len: data.len() as u32,
+        });
         let Ok(mut batch) = conn.qp.begin_send(p) else {
             let _ = mr.dereg(p);
             return false;
@@ -997,7 +1219,7 @@ impl Worker {
             .conns
             .get(&key)
             .and_then(|c| c.stags.get(&itt))
-            .and_then(|(_, w)| *w)
+            .and_then(|(_, w, _)| *w)
         else {
             return false;
         };
@@ -1018,6 +1240,13 @@ impl Worker {
         } else {
             write.va
         };
+        self.svc.capture(|| Captured::RdmaRead {
+            conn: key,
+            itt,
+            remote_addr: remote,
+            rkey: write.stag,
+            len,
+        });
         let Ok(mut batch) = conn.qp.begin_send(p) else {
             let _ = mr.dereg(p);
             return false;
@@ -1044,9 +1273,197 @@ impl Worker {
         true
     }
 
+    /// Fires an armed hostile attempt that applies to this command.
+    fn hostile_on_command(
+        &mut self,
+        key: u64,
+        itt: u32,
+        read: Option<RdmaBuf>,
+        write: Option<RdmaBuf>,
+        edtl: u32,
+        p: &Passive<'_>,
+    ) {
+        let Some(conn) = self.conns.get(&key) else {
+            return;
+        };
+        let settled = Instant::now().checked_sub(STALE_AGE);
+        let stale = conn
+            .delivered
+            .iter()
+            .rev()
+            .find(|(at, ..)| settled.is_some_and(|s| *at <= s))
+            .map(|&(_, itt, buf, len)| (itt, buf, len));
+        let data_in = read.filter(|_| edtl > 0);
+        let data_out = write.filter(|_| edtl > 0);
+        let Some(attempt) = self.svc.take_hostile(|h| match h {
+            HostileAttempt::StaleRkey => stale.is_some(),
+            HostileAttempt::BeyondBuffer { .. }
+            | HostileAttempt::ReadFromWriteOnly
+            | HostileAttempt::AfterResponse { .. } => data_in.is_some(),
+            HostileAttempt::WriteToReadOnly => data_out.is_some(),
+        }) else {
+            return;
+        };
+        let channel = u32::try_from(key).unwrap_or(u32::MAX);
+        let report = |tag: u32, remote_addr: u64, rkey: u32, len: u32| HostileReport {
+            attempt,
+            channel,
+            tag: u64::from(tag),
+            remote_addr,
+            rkey,
+            len,
+            outcome: HostileOutcome::Pending,
+        };
+        match attempt {
+            HostileAttempt::StaleRkey => {
+                let Some((old, buf, len)) = stale else { return };
+                let len = len.clamp(1, 512);
+                let index = self.svc.add_hostile(report(old, buf.va, buf.stag, len));
+                self.post_hostile(key, index, false, buf.va, buf.stag, len, p);
+            }
+            HostileAttempt::BeyondBuffer { past_end } => {
+                let Some(buf) = data_in else { return };
+                let inside = edtl.min(64);
+                let len = inside.saturating_add(past_end).min(HOSTILE_MAX);
+                let addr = buf.va.wrapping_add(u64::from(edtl - inside));
+                let index = self.svc.add_hostile(report(itt, addr, buf.stag, len));
+                self.post_hostile(key, index, false, addr, buf.stag, len, p);
+            }
+            HostileAttempt::ReadFromWriteOnly => {
+                let Some(buf) = data_in else { return };
+                let len = edtl.min(512);
+                let index = self.svc.add_hostile(report(itt, buf.va, buf.stag, len));
+                self.post_hostile(key, index, true, buf.va, buf.stag, len, p);
+            }
+            HostileAttempt::WriteToReadOnly => {
+                let Some(buf) = data_out else { return };
+                let len = edtl.min(512);
+                let index = self.svc.add_hostile(report(itt, buf.va, buf.stag, len));
+                self.post_hostile(key, index, false, buf.va, buf.stag, len, p);
+            }
+            HostileAttempt::AfterResponse { delay } => {
+                if let Some(conn) = self.conns.get_mut(&key) {
+                    conn.armed_after.insert(itt, delay);
+                }
+            }
+        }
+    }
+
+    /// Posts the after-response hostile writes that are due.
+    fn fire_later(&mut self, p: &Passive<'_>) {
+        let now = Instant::now();
+        let mut due = Vec::new();
+        for (key, conn) in &mut self.conns {
+            let mut i = 0;
+            while i < conn.later.len() {
+                if conn.later.get(i).is_some_and(|l| l.0 <= now) {
+                    due.push((*key, conn.later.swap_remove(i)));
+                } else {
+                    i += 1;
+                }
+            }
+        }
+        for (key, (_, itt, buf, len)) in due {
+            let len = len.clamp(1, 512);
+            let attempt = HostileAttempt::AfterResponse {
+                delay: Duration::ZERO,
+            };
+            let index = self.svc.add_hostile(HostileReport {
+                attempt,
+                channel: u32::try_from(key).unwrap_or(u32::MAX),
+                tag: u64::from(itt),
+                remote_addr: buf.va,
+                rkey: buf.stag,
+                len,
+                outcome: HostileOutcome::Pending,
+            });
+            self.post_hostile(key, index, false, buf.va, buf.stag, len, p);
+        }
+    }
+
+    /// Posts one hostile RDMA WRITE (of [`HOSTILE_BYTE`]s) or READ and
+    /// records its outcome in report `index`.
+    #[allow(clippy::too_many_arguments)]
+    fn post_hostile(
+        &mut self,
+        key: u64,
+        index: usize,
+        read: bool,
+        remote_addr: u64,
+        rkey: u32,
+        len: u32,
+        p: &Passive<'_>,
+    ) {
+        let fill = vec![HOSTILE_BYTE; len as usize];
+        let mr = if read {
+            self.staging(len as usize, None, p)
+        } else {
+            self.staging(len as usize, Some(&fill), p)
+        };
+        let id = self.next_wr;
+        self.next_wr += 1;
+        let posted = match (mr, self.conns.get_mut(&key)) {
+            (Some(mr), Some(conn)) if conn.phase == Phase::Live => {
+                let posted = match (mr.sge(0, len), conn.qp.begin_send(p)) {
+                    (Some(sge), Ok(mut batch)) => {
+                        let ctx = Signal::Signalled(WrCtx::Hostile(id));
+                        let r = if read {
+                            batch.rdma_read(
+                                &ReadWr {
+                                    local: &[sge],
+                                    remote_addr,
+                                    rkey,
+                                    flags: SendFlags::default(),
+                                },
+                                ctx,
+                            )
+                        } else {
+                            batch.rdma_write(
+                                &WriteWr {
+                                    payload: Payload::Sges(&[sge]),
+                                    remote_addr,
+                                    rkey,
+                                    imm: None,
+                                    flags: SendFlags::default(),
+                                },
+                                ctx,
+                            )
+                        };
+                        if r.is_ok() {
+                            batch.commit();
+                            true
+                        } else {
+                            false
+                        }
+                    }
+                    _ => false,
+                };
+                if posted {
+                    conn.hostile.insert(id, (index, mr));
+                } else {
+                    let _ = mr.dereg(p);
+                }
+                posted
+            }
+            (Some(mr), _) => {
+                let _ = mr.dereg(p);
+                false
+            }
+            (None, _) => false,
+        };
+        if !posted {
+            self.svc
+                .set_hostile_outcome(index, HostileOutcome::NotPosted);
+        }
+    }
+
     fn release(&mut self, c: Conn, p: &Passive<'_>) {
         for (_, (_, mr)) in c.staging {
             let _ = mr.dereg(p);
+        }
+        for (_, (index, mr)) in c.hostile {
+            let _ = mr.dereg(p);
+            self.svc.set_hostile_outcome(index, HostileOutcome::Flushed);
         }
         let _ = c.recv_mr.dereg(p);
         let _ = c.send_mr.dereg(p);
@@ -1148,6 +1565,7 @@ impl IserTarget {
             }
         };
         let logic = IscsiTarget::new(config.iscsi.clone(), Arc::new(scsi));
+        let capture = config.capture.then(Vec::new);
         let svc = Arc::new(Service {
             platform: device.platform().clone(),
             device: device.clone(),
@@ -1165,6 +1583,8 @@ impl IserTarget {
             counters: Counters::default(),
             live: AtomicU64::new(0),
             open: AtomicU64::new(0),
+            capture: Mutex::new(capture),
+            hostile_reports: Mutex::new(Vec::new()),
         });
         let mut target = IserTarget {
             svc: Arc::clone(&svc),
@@ -1269,7 +1689,41 @@ impl IserTarget {
             wr_errors: g(&c.wr_errors),
             malformed: g(&c.malformed),
             login_pdus_early: g(&c.login_pdus_early),
+            nop_outs_ignored: g(&c.nop_outs_ignored),
+            hostile_attempts: g(&c.hostile_attempts),
+            scsi_commands: g(&c.scsi_commands),
         }
+    }
+
+    /// Starts recording what goes over the wire ([`Captured`]), from an
+    /// empty record.
+    pub fn start_capture(&self) {
+        *self
+            .svc
+            .capture
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(Vec::new());
+    }
+
+    /// What was recorded since [`Self::start_capture`] (recording goes on).
+    #[must_use]
+    pub fn captured(&self) -> Vec<Captured> {
+        self.svc
+            .capture
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+            .unwrap_or_default()
+    }
+
+    /// Every hostile attempt made, with what happened.
+    #[must_use]
+    pub fn hostile_reports(&self) -> Vec<HostileReport> {
+        self.svc
+            .hostile_reports
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 
     fn request(&self, r: Request, p: &Passive<'_>) {
