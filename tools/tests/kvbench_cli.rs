@@ -97,11 +97,13 @@ fn a_bad_spec_file_is_refused_naming_file_line_and_field() {
 
 #[test]
 fn transports_that_do_not_exist_yet_are_refused() {
-    for (transport, says) in [("linux-vm", "Linux targets")] {
-        let out = run(&["--transport", transport]);
-        assert_eq!(out.status.code(), Some(1), "{transport}");
-        assert!(text(&out.stderr).contains(says), "{}", text(&out.stderr));
-    }
+    let out = run(&["--transport", "linux-vm"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("Linux targets"),
+        "{}",
+        text(&out.stderr)
+    );
 }
 
 #[test]
