@@ -412,16 +412,67 @@ fn rejected_login_authentication_failure_fails_fast() {
 }
 
 #[test]
-fn rejected_login_redirect_is_followed_at_once() {
-    // A redirect (class 1 detail 1) names another portal; the engine
-    // reconnects at once (no reconnect delay) without failing I/O fast.
-    // It reconnects to its configured portal: here the same target.
+fn rejected_login_redirect_is_followed_to_the_named_portal() {
+    // Two portals of the same target name. The first answers a temporary
+    // redirect (class 1, detail 1) naming the second: the engine logs in
+    // there at once (no reconnect delay, no fail-fast) and its I/O lands
+    // there. The redirect holds for that connection only: when it drops,
+    // the engine goes back to the configured portal.
+    let config = IserStackConfig {
+        targets: vec![IserSetup::standard(), IserSetup::standard()],
+        ..IserStackConfig::default()
+    };
+    IserStack::run(&config, |s, p| {
+        let [a, b, c, d] = kverbs_tests::target_ip(1);
+        let second = format!("{a}.{b}.{c}.{d}:{},1", s.target(1).port());
+        let before = s.target(1).counters().connections;
+        arm_reject(s, 1, 0x01, Some(&second));
+        s.target(0).drop_connections(p);
+        assert!(s.wait_until(Duration::from_secs(20), || {
+            s.stats(0, p).logins >= 2 && s.state(0) == TargetState::Live
+        }));
+        let st = s.stats(0, p);
+        // On a loaded machine a connect to the new portal may time out
+        // (then the configured portal is tried again and redirects again).
+        assert!(st.login_failures >= 1, "{st:?}");
+        assert!(s.target(1).counters().connections > before);
+        let data = Workload::new(31).bytes(8192);
+        let o = s.write(0, 0, 40, &data, SgShape::Pages, p);
+        assert_eq!(o.status.base(), SrbStatus::SUCCESS, "{o:?}");
+        assert_eq!(s.medium(1, 0, 40, 16), data, "written at the named portal");
+        assert_ne!(s.medium(0, 0, 40, 16), data);
+        // Back to the configured portal once the redirected connection ends.
+        clear_reject(s);
+        let logins = s.stats(0, p).logins;
+        s.target(1).drop_connections(p);
+        assert!(s.wait_until(Duration::from_secs(20), || {
+            s.stats(0, p).logins > logins && s.state(0) == TargetState::Live
+        }));
+        let o = s.write(0, 0, 80, &data, SgShape::Contiguous, p);
+        assert_eq!(o.status.base(), SrbStatus::SUCCESS, "{o:?}");
+        assert_eq!(
+            s.medium(0, 0, 80, 16),
+            data,
+            "written at the configured portal"
+        );
+    });
+}
+
+#[test]
+fn rejected_login_redirect_to_an_unreachable_portal_falls_back() {
+    // A redirect to a portal nobody answers: the connect there fails, the
+    // next attempt goes to the configured portal again; I/O waits (no
+    // fail-fast) and the session comes back once the redirect stops.
     IserStack::run(&IserStackConfig::default(), |s, p| {
         arm_reject(s, 1, 0x01, Some("10.0.0.99:3260,1"));
         s.target(0).drop_connections(p);
         assert!(s.wait_until(Duration::from_secs(20), || {
             s.stats(0, p).login_failures >= 3
         }));
+        assert!(
+            s.target(0).counters().connections >= 3,
+            "the configured portal is tried again"
+        );
         assert_ne!(s.state(0), TargetState::FailFast);
         clear_reject(s);
         assert!(s.wait_state(0, TargetState::Live, Duration::from_secs(20)));

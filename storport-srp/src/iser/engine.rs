@@ -37,7 +37,7 @@ use kverbs::worker::{CompleteAt, Outcome, RequestQueue, WorkHandler, Worker};
 use kverbs::wr::{Completion, FastReg, Payload, SendWr, Signal, WcStatus};
 
 use crate::iscsi::Millis;
-use crate::iscsi::description::TargetDescription;
+use crate::iscsi::description::{Portal, TargetDescription};
 use crate::iscsi::login::{Disposition, Login, LoginStart, LoginStep, Negotiated};
 use crate::iscsi::recovery::{Recovery, RecoveryStep};
 use crate::iscsi::session::{
@@ -184,6 +184,13 @@ struct Counters {
 
 fn bump(c: &AtomicU64) {
     c.fetch_add(1, Ordering::Relaxed);
+}
+
+/// The portal of a redirect's `TargetAddress` (`address[:port][,tpgt]`,
+/// RFC 7143 §13.8); `None` when it names none the engine can reach.
+fn redirect_portal(target_address: &str) -> Option<Portal> {
+    let address = target_address.split(',').next().unwrap_or("");
+    Portal::parse(address).ok()
 }
 
 /// Why the engine ends a connection.
@@ -584,6 +591,10 @@ struct TState<P: Platform> {
     early: heapless::Vec<(u16, u32, Option<u32>), EARLY_MAX>,
     window_opened: bool,
     challenge_seed: u64,
+    /// The portal a login redirect named: the next connection attempt
+    /// goes there (once; a failure there falls back to the configured
+    /// portal, as `iscsid` does).
+    redirect: Option<Portal>,
 }
 
 /// Sizes fixed at creation.
@@ -1009,6 +1020,7 @@ impl<P: Platform> Engine<P> {
         let Ok(conn) = self.build_conn(t, epoch, irql) else {
             return false;
         };
+        let portal;
         {
             let mut st = t.st.lock(irql);
             if !st.running || st.epoch != epoch || st.phase != Phase::Connecting {
@@ -1017,6 +1029,7 @@ impl<P: Platform> Engine<P> {
                 return false;
             }
             st.conn = Some(Arc::clone(&conn));
+            portal = st.redirect.take().unwrap_or(t.desc.portal);
         }
         // One receive buffer during login, as isert.
         if !conn.post_recv(0, irql) {
@@ -1030,7 +1043,6 @@ impl<P: Platform> Engine<P> {
         let mut data = [0u8; CM_HEADER_LEN];
         let _ = IserCmRepr { flags }.emit(&mut IserCmHeader::new_unchecked(&mut data[..]));
         let handler: Arc<dyn CmHandler> = conn.handler.clone();
-        let portal = &t.desc.portal;
         let dst = match portal.address {
             core::net::IpAddr::V4(a) => a.octets(),
             core::net::IpAddr::V6(_) => {
@@ -1564,7 +1576,10 @@ impl<P: Platform> Engine<P> {
         irql: &Dispatch<'_>,
     ) -> Option<Why> {
         let TState {
-            login, rx_scratch, ..
+            login,
+            rx_scratch,
+            redirect,
+            ..
         } = st;
         let buf = rx_scratch.get_mut(..len)?;
         if conn
@@ -1610,7 +1625,13 @@ impl<P: Platform> Engine<P> {
                 });
                 (!submitted).then_some(Why::Post)
             }
-            Err(e) => Some(Why::Login(e.disposition())),
+            Err(e) => {
+                let disposition = e.disposition();
+                if disposition == Disposition::Redirect {
+                    *redirect = redirect_portal(login.redirect_address());
+                }
+                Some(Why::Login(disposition))
+            }
         }
     }
 
@@ -2638,6 +2659,7 @@ impl<P: Platform> IserTransport<P> {
             let rx_len = sizing.rx_stride as usize;
             let tx_len = (sizing.cmd_stride.max(CTL_STRIDE) as usize).max(HEADER_LEN + 8192);
             let st = TState {
+                redirect: None,
                 running: false,
                 recovery: Recovery::new(&desc.timeouts, now_ms::<P>()),
                 phase: Phase::Down,
@@ -2898,6 +2920,35 @@ impl<P: Platform> Transport for IserTransport<P> {
             t.timer.cancel(irql);
             let mut st = t.st.lock(irql);
             st.phase = Phase::Down;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redirect_portal;
+    use core::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+    #[test]
+    fn redirect_target_address_forms() {
+        let p = redirect_portal("10.0.1.3:3261,2").unwrap();
+        assert_eq!(p.address, IpAddr::V4(Ipv4Addr::new(10, 0, 1, 3)));
+        assert_eq!(p.port, 3261);
+        let p = redirect_portal("10.0.1.3").unwrap();
+        assert_eq!(p.port, 3260, "the default port");
+        let p = redirect_portal("[fe80::1]:3260,1").unwrap();
+        assert_eq!(
+            p.address,
+            IpAddr::V6(Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 1))
+        );
+        for bad in [
+            "",
+            ",1",
+            "target.example.com:3260,1",
+            "10.0.1.3:0,1",
+            "10.0.1.3:x",
+        ] {
+            assert_eq!(redirect_portal(bad), None, "{bad:?}");
         }
     }
 }

@@ -35,6 +35,10 @@
 //! * **Flow control** is the CmdSN window ([`crate::iscsi::session`]):
 //!   no window room is "busy", and `credits_available` follows when a
 //!   response opens it.
+//! * **Login redirects** (status class 1) are followed at once to the
+//!   portal the target's `TargetAddress` names, for that connection only:
+//!   a failed connect there, or the loss of the redirected connection, sends
+//!   the next attempt to the configured portal again.
 //! * **Recovery** is ERL0 session reinstatement: on any connection
 //!   failure the QP is flushed, every command completes with the failure
 //!   the recovery machine names, and a new login (same ISID, TSIH 0)
