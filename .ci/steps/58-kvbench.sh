@@ -5,11 +5,9 @@
 # cores.
 #
 # kvbench exits 3 on a verify mismatch, 1/2 when it cannot run, 4 when I/Os
-# failed or were lost or the stack broke a contract. Exit 4 is tolerated
-# here, loudly, while the SRP engine still completes a few commands
-# SRB_STATUS_BUS_RESET under concurrent or write load (an open issue the
-# table's errors column and the listed first errors show); everything else
-# fails the step.
+# failed or were lost or the stack broke a contract. Anything but 0 fails
+# the step: on the loss-free in-process fabric every I/O must succeed
+# exactly once.
 out=target/ci-kvbench
 rm -rf "$out" && mkdir -p "$out"
 set +e
@@ -22,7 +20,7 @@ set -e
 cat "$out/table.txt"
 case $status in
     0) ;;
-    4) echo "WARNING: kvbench reported failed or lost I/Os or stack violations (exit 4); see above" ;;
+    4) echo "kvbench reported failed or lost I/Os or stack violations (exit 4); see above"; exit 1 ;;
     *) echo "kvbench failed with exit status $status"; exit 1 ;;
 esac
 grep -q "all intact" "$out/table.txt"

@@ -1031,8 +1031,11 @@ impl<P: Platform, C: Send + 'static> Job for CreateQpJob<P, C> {
 /// Commit with [`SendBatch::commit`]; dropping it posts nothing.
 pub struct SendBatch<'q, P: Platform, C: Send + 'static> {
     qp: &'q QpShared<P, C>,
-    guard: SpinLockGuard<'q, SendQueue, P>,
+    // Fields drop in declaration order: the claim on the slot ring must go
+    // before the send lock, or a poster that takes the lock in between
+    // finds the ring claimed and is told the QP is flushing.
     producer: Producer<'q, SendSlot<C>>,
+    guard: SpinLockGuard<'q, SendQueue, P>,
     /// Next WQEBB counter.
     pi: u32,
     last_ctrl: u64,
@@ -1535,8 +1538,9 @@ impl<P: Platform, C: Send + 'static> Drop for SendBatch<'_, P, C> {
 /// posts nothing.
 pub struct RecvBatch<'q, P: Platform, C: Send + 'static> {
     qp: &'q QpShared<P, C>,
-    guard: SpinLockGuard<'q, RecvQueue, P>,
+    // Dropped before the lock (see `SendBatch`).
     producer: Producer<'q, RecvSlot<P, C>>,
+    guard: SpinLockGuard<'q, RecvQueue, P>,
     pi: u32,
     marker: bool,
     committed: bool,

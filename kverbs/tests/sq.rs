@@ -246,3 +246,57 @@ fn async_slow_path_and_async_events_in_both_modes() {
         slow_path_and_events(mode);
     }
 }
+
+/// Posters on several processors share one QP: a batch must hand its
+/// queue on whole. Each poster opens and drops (or commits) batches
+/// as fast as it can; none may ever be refused — the QP is live, so a
+/// refusal ("flushing") is a lie a consumer would act on by tearing its
+/// connection down. (The batch once let go of the send lock before its
+/// claim on the slot ring, so a poster that took the lock in between found
+/// the ring "claimed" and was told the QP was flushing.)
+#[test]
+fn concurrent_posters_are_never_refused_on_a_live_qp() {
+    let rounds = env_count("KVERBS_SQ_POSTER_ROUNDS", 100_000);
+    let w = World::new(Mode::Threaded);
+    let refused = AtomicUsize::new(0);
+    w.platform.run_passive(|p| {
+        let a = w.node([10, 0, 0, 1], p);
+        let b = w.node([10, 0, 0, 2], p);
+        let cq_a = a.cq(64, Collect::<u64>::new(64), p);
+        let cq_b = b.cq(64, Collect::<u64>::new(64), p);
+        let qa = a.qp(QpType::Rc, &cq_a, 8, 1, p);
+        let qb = b.qp(QpType::Rc, &cq_b, 8, 8, p);
+        bring_up(&qa, Some((b.gid(), qb.qpn())), p);
+        bring_up(&qb, Some((a.gid(), qa.qpn())), p);
+        std::thread::scope(|scope| {
+            for _ in 0..2 {
+                scope.spawn(|| {
+                    w.platform.run_passive(|p| {
+                        for _ in 0..rounds {
+                            match qa.begin_send(p) {
+                                Ok(batch) => drop(batch),
+                                Err(kind) => {
+                                    assert_eq!(kind, PostErrorKind::Flushing);
+                                    refused.fetch_add(1, Ordering::Relaxed);
+                                }
+                            }
+                            match qa.begin_recv(p) {
+                                Ok(batch) => drop(batch),
+                                Err(kind) => {
+                                    assert_eq!(kind, PostErrorKind::Flushing);
+                                    refused.fetch_add(1, Ordering::Relaxed);
+                                }
+                            }
+                        }
+                    });
+                });
+            }
+        });
+    });
+    assert_eq!(
+        refused.load(Ordering::Relaxed),
+        0,
+        "a live QP refused batches"
+    );
+    w.finish();
+}

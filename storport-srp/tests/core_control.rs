@@ -86,6 +86,36 @@ fn credit_starvation_holds_and_releases() {
     });
 }
 
+/// Credit that comes back between the transport's refusal and the LUN's
+/// hold (another processor completing a command) must still end the hold:
+/// the release found nothing held, so the hold ends itself. Before the
+/// fix, the LUN stayed paused until StorPort's clock ended the pause (1 s
+/// on Windows; forever here, where the clock does not move), which stalled
+/// the interop test against Linux `ib_srpt` at queue depth 64.
+#[test]
+fn credit_returned_before_the_hold_ends_it() {
+    let fake = FakeConfig {
+        credits: 0,
+        credit_races_refusal: true,
+        ..FakeConfig::default()
+    };
+    with_model(fake, ModelConfig::default(), |model, p| {
+        let fake = model.miniport().transport();
+        // LUN 1 has nothing posted: the refusal pauses it.
+        let id = model.submit(&write(lun(0, 1), 4, 0x5a), p).unwrap();
+        model.settle();
+        assert!(model.stats().pause_calls >= 1, "{:?}", model.stats());
+        assert!(model.miniport().core().stats().busy_no_credit >= 1);
+        // Without time moving, it went through.
+        assert_eq!(done_once(model, id), SrbStatus::SUCCESS);
+        assert!(model.stats().resume_calls >= 1, "{:?}", model.stats());
+        assert_eq!(
+            fake.disk().peek(1, 4 * BLOCK, 2 * BLOCK),
+            vec![0x5a; 2 * BLOCK]
+        );
+    });
+}
+
 /// Requests the target never answers time out; StorPort resets the bus;
 /// every one of them — posted, or still waiting for its scatter/gather
 /// list — completes exactly once with BUS_RESET, and the adapter works on.

@@ -367,6 +367,51 @@ fn an_honest_miniport_passes_under_every_locking() {
 }
 
 #[test]
+fn release_frees_a_completed_requests_buffer_and_only_then() {
+    let platform = manual();
+    platform.run_passive(|p| {
+        // Room for one 256 KiB buffer at a time (and little else).
+        let config = ModelConfig {
+            memory_limit: 384 << 10,
+            ..ModelConfig::default()
+        };
+        let model = rogue(&platform, Sin::None, config, p);
+        let first = model.submit(&read(256 << 10), p).unwrap();
+        model.settle();
+        // Held: a second buffer does not fit.
+        assert!(matches!(
+            model.submit(&read(256 << 10), p),
+            Err(storport_srp::storport::host::ModelError::Memory(_))
+        ));
+        model.release(first).unwrap();
+        for _ in 0..8 {
+            let id = model.submit(&read(256 << 10), p).unwrap();
+            model.settle();
+            let o = model.outcome(id).unwrap();
+            assert_eq!(
+                (o.state, o.status),
+                (RequestState::Completed, SrbStatus::SUCCESS)
+            );
+            model.release(id).unwrap();
+            // Released: the outcome stays, the data is gone.
+            assert_eq!(model.outcome(id).unwrap().completions, 1);
+            assert!(model.data(id).is_err());
+        }
+        model.finish();
+    });
+    let platform = manual();
+    platform.run_passive(|p| {
+        let model = rogue(&platform, Sin::Hold, ModelConfig::default(), p);
+        let id = model.submit(&tur(), p).unwrap();
+        model.settle();
+        // With the miniport: not released.
+        assert!(model.release(id).is_err());
+        let _ = model.take_violations();
+    });
+    let _ = platform.take_violations();
+}
+
+#[test]
 fn a_double_completion_is_caught() {
     let v = findings(Sin::CompleteTwice, &tur());
     assert_eq!(v, [ModelViolation::DoubleCompletion { request: 0 }]);

@@ -102,6 +102,9 @@ fn one_schedule(seed: u64, seen: &mut Coverage) {
         seed,
         luns: 2,
         blocks: u64::from(LBAS) + 8,
+        // A third of the schedules also race returned credit against the
+        // refusal's hold (without drawing from the schedule's generator).
+        credit_races_refusal: seed % 3 == 0,
     };
     let platform = manual();
     platform.run_passive(|p| {

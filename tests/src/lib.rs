@@ -24,6 +24,7 @@
 //! exactly once (the model), no connection left open, no CM consumer left,
 //! and no verifier violation.
 
+pub mod interop;
 pub mod iser;
 
 use std::collections::BTreeMap;

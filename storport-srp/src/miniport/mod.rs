@@ -20,7 +20,9 @@
 //!   ends: `StorPortDeviceBusy(lun, 1)` when a posted command on that LUN
 //!   will complete (and so release it; a command that never completes times
 //!   out and is reset), `StorPortPauseDevice(lun, 1 s)` otherwise. Both are
-//!   released early when the transport reports credit or a state change;
+//!   released early when the transport reports credit or a state change —
+//!   also when that report raced the refusal and came before the hold (a
+//!   per-target release count, read before the attempt, tells);
 //! * **task management** that reaches the target: ABORT_COMMAND → ABORT
 //!   TASK, RESET_LOGICAL_UNIT and RESET_DEVICE → LOGICAL UNIT RESET (SRP has
 //!   no target reset), each completed when the target answers;
@@ -258,6 +260,12 @@ pub struct Core<S: StorPort> {
     targets: Box<[AtomicU8]>,
     /// `targets * luns_per_target` entries.
     luns: Box<[LunEntry]>,
+    /// Per target, how many times its holds were released: a request
+    /// refused for a reason that went away before its LUN was held sees
+    /// the count move, and releases the hold it just took (otherwise the
+    /// release found nothing to release and the LUN would sit paused
+    /// until StorPort's timer ends the pause).
+    wakes: Box<[AtomicU32]>,
     gate: AtomicU32,
     state: AtomicU8,
     /// Whether the transport should run (the worker reconciles toward it).
@@ -276,6 +284,10 @@ impl<S: StorPort> Core<S> {
             tracker: Tracker::new(slots, irql),
             targets: (0..config.targets)
                 .map(|_| AtomicU8::new(TargetState::Connecting.code() as u8))
+                .collect::<Vec<_>>()
+                .into_boxed_slice(),
+            wakes: (0..config.targets)
+                .map(|_| AtomicU32::new(0))
                 .collect::<Vec<_>>()
                 .into_boxed_slice(),
             luns: (0..luns)
@@ -416,27 +428,56 @@ impl<S: StorPort> Core<S> {
 
     // -- holds --------------------------------------------------------------
 
+    /// The release count of `target`'s holds, read before an attempt that
+    /// may end in a hold (see [`Self::hold_lun`]).
+    fn wake_epoch(&self, target: u8) -> u32 {
+        self.wakes
+            .get(usize::from(target))
+            .map_or(0, |w| w.load(Ordering::SeqCst))
+    }
+
     /// Holds a LUN back after a `SRB_STATUS_BUSY` answer, in a way that
-    /// always ends (see the module docs).
+    /// always ends (see the module docs). The port is asked to hold before
+    /// the bit is set, so a release that sees the bit comes after the hold
+    /// it ends. Call [`Self::end_hold_if_woken`] once the request is
+    /// completed BUSY.
     fn hold_lun(&self, address: Address, irql: &impl LeDispatch) {
         let Some(lun) = self.lun(address) else { return };
         if lun.posted.load(Ordering::Acquire) > 0 {
-            lun.held.fetch_or(HELD_BUSY, Ordering::AcqRel);
             self.port.device_busy(address, 1, irql);
+            lun.held.fetch_or(HELD_BUSY, Ordering::SeqCst);
         } else {
-            lun.held.fetch_or(HELD_PAUSED, Ordering::AcqRel);
             self.port.pause_device(address, HOLD_SECS, irql);
+            lun.held.fetch_or(HELD_PAUSED, Ordering::SeqCst);
+        }
+    }
+
+    /// After a hold and the BUSY completion it goes with: `since` is the
+    /// target's [`Self::wake_epoch`] from before the attempt that was
+    /// refused. If a release ran in between (credit came back, the target
+    /// went live), it found no hold to end, or ended this one before
+    /// StorPort had requeued the request — either way nothing would retry
+    /// it until StorPort's timer did. So the holds are ended now and the
+    /// LUN is declared ready, after the requeue, an event StorPort retries
+    /// the request on.
+    fn end_hold_if_woken(&self, address: Address, since: u32, irql: &impl LeDispatch) {
+        if self.wake_epoch(address.target) != since {
+            self.release_target(address.target, irql);
+            self.port.device_ready(address, irql);
         }
     }
 
     /// Releases every hold the core put on `target`'s LUNs.
     fn release_target(&self, target: u8, irql: &impl LeDispatch) {
+        if let Some(w) = self.wakes.get(usize::from(target)) {
+            w.fetch_add(1, Ordering::SeqCst);
+        }
         for lun in 0..self.config.luns_per_target {
             let address = Address::new(0, target, lun);
             let Some(entry) = self.lun(address) else {
                 continue;
             };
-            let held = entry.held.swap(0, Ordering::AcqRel);
+            let held = entry.held.swap(0, Ordering::SeqCst);
             if held & HELD_BUSY != 0 {
                 self.port.device_ready(address, irql);
             }
@@ -753,6 +794,7 @@ impl<S: StorPort, T: Transport> Adapter<S, T> {
             core.complete_local(srb, status, irql);
             return;
         }
+        let since = core.wake_epoch(address.target);
         if core.state() != AdapterState::Running {
             bump(&core.counters.busy_not_ready);
             core.hold_adapter(irql);
@@ -765,6 +807,7 @@ impl<S: StorPort, T: Transport> Adapter<S, T> {
                 bump(&core.counters.busy_not_ready);
                 core.hold_lun(address, irql);
                 core.complete_local(srb, SrbStatus::BUSY, irql);
+                core.end_hold_if_woken(address, since, irql);
                 return;
             }
             TargetState::Connecting | TargetState::FailFast => {
@@ -819,7 +862,8 @@ impl<S: StorPort, T: Transport> Adapter<S, T> {
             with_dispatch::<S::Platform, _, _>(irql, |d| {
                 if let Err(refused) = core.port.get_scatter_gather_list(srb, d) {
                     // No map registers now: not started, so BUSY.
-                    self.abandon(refused.srb, tag, address, false, SrbStatus::BUSY, d);
+                    let busy = SrbStatus::BUSY;
+                    self.abandon(refused.srb, tag, address, false, busy, Some(since), d);
                 }
             });
         } else {
@@ -828,7 +872,13 @@ impl<S: StorPort, T: Transport> Adapter<S, T> {
     }
 
     /// Gives the reservation back and completes the request with `status`
-    /// — or with what an abort or reset decided for it meanwhile.
+    /// — or with what an abort or reset decided for it meanwhile. A BUSY
+    /// answer holds the LUN; `since` is the target's release count from
+    /// before the refused attempt (`None`: read now).
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "a request's parts, its status and the release count the BUSY hold checks"
+    )]
     fn abandon(
         &self,
         srb: S::Srb,
@@ -836,6 +886,7 @@ impl<S: StorPort, T: Transport> Adapter<S, T> {
         address: Address,
         has_sg: bool,
         status: SrbStatus,
+        since: Option<u32>,
         irql: &impl LeDispatch,
     ) {
         let core = &*self.core;
@@ -844,7 +895,11 @@ impl<S: StorPort, T: Transport> Adapter<S, T> {
             Some(other) => disposition_status(other),
         };
         if status.base() == SrbStatus::BUSY {
+            let since = since.unwrap_or_else(|| core.wake_epoch(address.target));
             core.hold_lun(address, irql);
+            core.finish_local(srb, status, has_sg, irql);
+            core.end_hold_if_woken(address, since, irql);
+            return;
         }
         core.finish_local(srb, status, has_sg, irql);
     }
@@ -852,6 +907,7 @@ impl<S: StorPort, T: Transport> Adapter<S, T> {
     /// Prepares, parks and posts a reserved command.
     fn submit<I: LeDispatch>(&self, srb: S::Srb, tag: Tag, meta: Meta, irql: &I) {
         let core = &*self.core;
+        let since = Some(core.wake_epoch(meta.address.target));
         let EntryKind::Command { requested, has_sg } = meta.kind else {
             self.abandon(
                 srb,
@@ -859,6 +915,7 @@ impl<S: StorPort, T: Transport> Adapter<S, T> {
                 meta.address,
                 false,
                 SrbStatus::INTERNAL_ERROR,
+                None,
                 irql,
             );
             return;
@@ -867,7 +924,7 @@ impl<S: StorPort, T: Transport> Adapter<S, T> {
         let direction = match resolve_direction(&srb) {
             Ok(d) => d,
             Err(status) => {
-                self.abandon(srb, tag, address, has_sg, status, irql);
+                self.abandon(srb, tag, address, has_sg, status, None, irql);
                 return;
             }
         };
@@ -899,7 +956,15 @@ impl<S: StorPort, T: Transport> Adapter<S, T> {
             Ok(p) => p,
             Err(None) => {
                 // The port gave no list for a data transfer.
-                self.abandon(srb, tag, address, has_sg, SrbStatus::INTERNAL_ERROR, irql);
+                self.abandon(
+                    srb,
+                    tag,
+                    address,
+                    has_sg,
+                    SrbStatus::INTERNAL_ERROR,
+                    None,
+                    irql,
+                );
                 return;
             }
             Err(Some(PrepareError::Busy)) => {
@@ -913,16 +978,16 @@ impl<S: StorPort, T: Transport> Adapter<S, T> {
                     u64::from(posted),
                     irql,
                 );
-                self.abandon(srb, tag, address, has_sg, SrbStatus::BUSY, irql);
+                self.abandon(srb, tag, address, has_sg, SrbStatus::BUSY, since, irql);
                 return;
             }
             Err(Some(PrepareError::Blocked)) => {
                 bump(&core.counters.busy_not_ready);
-                self.abandon(srb, tag, address, has_sg, SrbStatus::BUSY, irql);
+                self.abandon(srb, tag, address, has_sg, SrbStatus::BUSY, since, irql);
                 return;
             }
             Err(Some(PrepareError::Failed(kind))) => {
-                self.abandon(srb, tag, address, has_sg, failure_status(kind), irql);
+                self.abandon(srb, tag, address, has_sg, failure_status(kind), None, irql);
                 return;
             }
         };
@@ -930,7 +995,7 @@ impl<S: StorPort, T: Transport> Adapter<S, T> {
             // A reset is under way: the request never left; requeue it.
             self.transport.discard(prepared, irql);
             bump(&core.counters.busy_not_ready);
-            self.abandon(srb, tag, address, has_sg, SrbStatus::BUSY, irql);
+            self.abandon(srb, tag, address, has_sg, SrbStatus::BUSY, since, irql);
             return;
         }
         match core.tracker.park(tag, srb, irql) {
@@ -962,6 +1027,7 @@ impl<S: StorPort, T: Transport> Adapter<S, T> {
                     address,
                     has_sg,
                     disposition_status(disposition),
+                    None,
                     irql,
                 );
             }
@@ -1007,12 +1073,14 @@ impl<S: StorPort, T: Transport> Adapter<S, T> {
             core.complete_local(srb, status, irql);
             return;
         }
+        let since = core.wake_epoch(address.target);
         match core.target_state_of(address.target) {
             TargetState::Live => self.send_tmf(srb, TmfKind::LunReset, address, None, irql),
             TargetState::Blocked => {
                 bump(&core.counters.busy_not_ready);
                 core.hold_lun(address, irql);
                 core.complete_local(srb, SrbStatus::BUSY, irql);
+                core.end_hold_if_woken(address, since, irql);
             }
             TargetState::Connecting | TargetState::FailFast => {
                 core.complete_local(srb, SrbStatus::SELECTION_TIMEOUT, irql);
@@ -1030,6 +1098,7 @@ impl<S: StorPort, T: Transport> Adapter<S, T> {
         irql: &I,
     ) {
         let core = &*self.core;
+        let since = core.wake_epoch(address.target);
         let meta = Meta {
             kind: EntryKind::Tmf(kind),
             address,
@@ -1088,6 +1157,9 @@ impl<S: StorPort, T: Transport> Adapter<S, T> {
                             core.hold_lun(address, irql);
                         }
                         core.complete_local(srb, status, irql);
+                        if status == SrbStatus::BUSY {
+                            core.end_hold_if_woken(address, since, irql);
+                        }
                     } else {
                         bump(&core.counters.contract_violations);
                     }

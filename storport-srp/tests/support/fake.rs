@@ -66,6 +66,11 @@ pub struct FakeConfig {
     pub luns: usize,
     /// Blocks per LUN.
     pub blocks: u64,
+    /// When `prepare` refuses for lack of credit, credit comes back at
+    /// once and the core is told before `prepare` returns — as when a
+    /// completion on another processor returns credit between the refusal
+    /// and the LUN's hold (the race a hold must survive).
+    pub credit_races_refusal: bool,
 }
 
 impl Default for FakeConfig {
@@ -78,6 +83,7 @@ impl Default for FakeConfig {
             seed: 1,
             luns: 2,
             blocks: 4096,
+            credit_races_refusal: false,
         }
     }
 }
@@ -713,7 +719,7 @@ impl Transport for FakeTransport {
     fn prepare(
         &self,
         command: &ScsiCommand<'_>,
-        _irql: &impl LeDispatch,
+        irql: &impl LeDispatch,
     ) -> Result<Prepared, PrepareError> {
         let inner = &*self.inner;
         inner
@@ -735,8 +741,16 @@ impl Transport for FakeTransport {
             }
         }
         if st.credits[t] == 0 {
-            st.starved[t] = true;
             bump(&inner.counters.busy);
+            if inner.config.credit_races_refusal {
+                st.credits[t] = 1;
+                drop(st);
+                with_dispatch::<HostPlatform, _, _>(irql, |d| {
+                    inner.upcalls.credits_available(command.target, d);
+                });
+                return Err(PrepareError::Busy);
+            }
+            st.starved[t] = true;
             return Err(PrepareError::Busy);
         }
         let i = index(command.tag);

@@ -1707,6 +1707,28 @@ impl<M: HwMiniport<HostPort>> StorPortModel<M> {
         Ok(out)
     }
 
+    /// Frees a completed request's buffers, as StorPort frees an SRB the
+    /// class driver is done with, so a long run (the interop test's
+    /// thousands of I/Os up to 1 MiB) does not hold every buffer it ever
+    /// used. The record stays: its outcome (without sense) can still be
+    /// read, and a late second completion is still caught.
+    ///
+    /// # Errors
+    /// [`ModelError::NotAvailable`] unless the request has completed.
+    pub fn release(&self, id: u32) -> Result<(), ModelError> {
+        let record = self
+            .shared
+            .records
+            .get(id as usize)
+            .ok_or(ModelError::NotAvailable)?;
+        let mut inner = lock(&record.inner);
+        if inner.state != RequestState::Completed {
+            return Err(ModelError::NotAvailable);
+        }
+        inner.body = None;
+        Ok(())
+    }
+
     /// Counters.
     #[must_use]
     pub fn stats(&self) -> ModelStats {

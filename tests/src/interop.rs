@@ -1,0 +1,862 @@
+//! The interop harness: the initiator alone — StorPort model → miniport
+//! core → SRP engine → kverbs → software HCA — with its HCA on the RoCEv2
+//! link of the Linux target VM ([`kverbs_tools::vm`]), logging in to the
+//! kernel's `ib_srpt` over Soft-RoCE.
+//!
+//! The other end is a real kernel, so the data cannot be checked against
+//! a medium in this process: a [`ShadowDisk`] per LUN holds what the
+//! initiator wrote (blocks never written are unknown and not checked),
+//! [`Interop::run_ios`] checks every successful read against it and
+//! records every successful write in it. Blocks a failed write covered
+//! become unknown again (the write may or may not have landed), so the
+//! check stays exact without trusting a status it cannot see past.
+//!
+//! The link goes through [`LinkWire`], which counts frames and can be
+//! blackholed (both directions) to simulate an outage on the wire. Every
+//! frame is captured to a pcap in the VM's run directory; the test keeps
+//! it on failure and deletes it on success ([`PcapGuard`]).
+
+use std::collections::BTreeMap;
+use std::os::unix::net::UnixDatagram;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use hca_lowlevel::sim::{
+    ExecMode, Fabric, FabricConfig, FrameSocket, HcaConfig, LinkConfig, LinkStats, SoftHca,
+};
+use hca_lowlevel::wire::EthernetAddress;
+use kverbs::cm::{CmConfig, CmError, CmPort, CmPortConfig};
+use kverbs::device::{Device, DeviceConfig};
+use kverbs::hostdev::VerifiedHca;
+use kverbs::irql::Passive;
+use kverbs::platform::host::{HostConfig, HostMode, HostPlatform};
+use kverbs::wire::IbTimeout;
+use kverbs_tools::vm::TargetInfo;
+use storport_srp::miniport::transport::TargetState;
+use storport_srp::miniport::{Adapter, AdapterConfig, CoreContext};
+use storport_srp::srp::params::{TargetParams, parse_add_target};
+use storport_srp::srp::{SrpConfig, SrpTransport, TargetStats};
+use storport_srp::storport::host::{
+    HostPort, ModelConfig, RequestOutcome, RequestSpec, RequestState, SgShape, StorPortModel,
+};
+use storport_srp::storport::{Address, SrbStatus};
+
+use crate::{Hp, Io, IoDone, Op, SetupError, cdb_bytes, first_difference, rw_cdb};
+use storport_srp::scsi::cdb::{CdbRepr, InquiryCdb, ReadCapacity16Cdb, ReportLunsCdb};
+
+/// The host end of the VM's Ethernet link: the unix datagram socket, with
+/// frame counters and a switch that drops every frame both ways.
+pub struct LinkWire {
+    sock: UnixDatagram,
+    blackhole: AtomicBool,
+    /// Frames sent to the VM.
+    pub sent: AtomicU64,
+    /// Frames received from the VM.
+    pub received: AtomicU64,
+    /// Frames dropped by the blackhole (both ways).
+    pub dropped: AtomicU64,
+}
+
+impl LinkWire {
+    /// Wraps the VM's link socket.
+    #[must_use]
+    pub fn new(sock: UnixDatagram) -> Self {
+        LinkWire {
+            sock,
+            blackhole: AtomicBool::new(false),
+            sent: AtomicU64::new(0),
+            received: AtomicU64::new(0),
+            dropped: AtomicU64::new(0),
+        }
+    }
+
+    /// Drops every frame both ways while `on` (a cable pulled).
+    pub fn set_blackhole(&self, on: bool) {
+        self.blackhole.store(on, Ordering::SeqCst);
+    }
+}
+
+impl FrameSocket for LinkWire {
+    fn send(&self, frame: &[u8]) -> std::io::Result<()> {
+        if self.blackhole.load(Ordering::SeqCst) {
+            self.dropped.fetch_add(1, Ordering::Relaxed);
+            return Ok(());
+        }
+        self.sent.fetch_add(1, Ordering::Relaxed);
+        FrameSocket::send(&self.sock, frame)
+    }
+
+    fn recv(&self, buf: &mut [u8], wait: Duration) -> std::io::Result<Option<usize>> {
+        let Some(n) = FrameSocket::recv(&self.sock, buf, wait)? else {
+            return Ok(None);
+        };
+        if self.blackhole.load(Ordering::SeqCst) {
+            self.dropped.fetch_add(1, Ordering::Relaxed);
+            return Ok(None);
+        }
+        self.received.fetch_add(1, Ordering::Relaxed);
+        Ok(Some(n))
+    }
+}
+
+/// Deletes the link's pcap when dropped after [`PcapGuard::passed`]; keeps
+/// it (and prints where) otherwise, for whoever debugs the failure, and
+/// always when `KV_INTEROP_KEEP_PCAP` is set.
+#[derive(Debug)]
+pub struct PcapGuard {
+    path: PathBuf,
+    passed: bool,
+}
+
+impl PcapGuard {
+    /// Guards the capture at `path`.
+    #[must_use]
+    pub fn new(path: PathBuf) -> Self {
+        PcapGuard {
+            path,
+            passed: false,
+        }
+    }
+
+    /// The run passed: the capture can go.
+    pub fn passed(&mut self) {
+        self.passed = true;
+    }
+}
+
+impl Drop for PcapGuard {
+    fn drop(&mut self) {
+        if std::env::var_os("KV_INTEROP_KEEP_PCAP").is_some() {
+            eprintln!("link capture kept at {}", self.path.display());
+        } else if self.passed {
+            let _ = std::fs::remove_file(&self.path);
+        } else {
+            eprintln!(
+                "\n*** interop run failed: the link capture is kept at {} ***\n",
+                self.path.display()
+            );
+        }
+    }
+}
+
+/// What the initiator knows of one LUN's contents: the bytes it wrote,
+/// per block known or not.
+#[derive(Debug, Clone)]
+pub struct ShadowDisk {
+    block_len: u32,
+    bytes: Vec<u8>,
+    known: Vec<bool>,
+}
+
+impl ShadowDisk {
+    /// A LUN of `blocks` of `block_len`, nothing known.
+    #[must_use]
+    pub fn new(block_len: u32, blocks: u64) -> Self {
+        let blocks = usize::try_from(blocks).unwrap_or(0);
+        ShadowDisk {
+            block_len,
+            bytes: vec![0; blocks * block_len as usize],
+            known: vec![false; blocks],
+        }
+    }
+
+    /// Block size.
+    #[must_use]
+    pub fn block_len(&self) -> u32 {
+        self.block_len
+    }
+
+    /// Blocks.
+    #[must_use]
+    pub fn blocks(&self) -> u64 {
+        self.known.len() as u64
+    }
+
+    /// Whether every block is known.
+    #[must_use]
+    pub fn all_known(&self) -> bool {
+        self.known.iter().all(|k| *k)
+    }
+
+    /// The whole image (meaningful when [`Self::all_known`]).
+    #[must_use]
+    pub fn image(&self) -> &[u8] {
+        &self.bytes
+    }
+
+    fn range(&self, lba: u64, blocks: u32) -> std::ops::Range<usize> {
+        let b = self.block_len as usize;
+        let start = usize::try_from(lba).unwrap_or(usize::MAX) * b;
+        start..start + blocks as usize * b
+    }
+
+    /// A successful write of `data` at `lba`.
+    pub fn wrote(&mut self, lba: u64, data: &[u8]) {
+        let blocks = u32::try_from(data.len() / self.block_len as usize).unwrap_or(0);
+        let r = self.range(lba, blocks);
+        self.bytes[r].copy_from_slice(data);
+        for k in &mut self.known[lba as usize..lba as usize + blocks as usize] {
+            *k = true;
+        }
+    }
+
+    /// A write that failed: its blocks may hold anything now.
+    pub fn forget(&mut self, lba: u64, blocks: u32) {
+        for k in &mut self.known[lba as usize..lba as usize + blocks as usize] {
+            *k = false;
+        }
+    }
+
+    /// Checks a successful read of `data` at `lba`: every known block must
+    /// match. Returns the number of blocks checked.
+    ///
+    /// # Panics
+    /// On a mismatch, naming the block and byte.
+    pub fn check_read(&self, lba: u64, data: &[u8], what: &str) -> u64 {
+        let b = self.block_len as usize;
+        let mut checked = 0;
+        for (i, got) in data.chunks(b).enumerate() {
+            let block = lba as usize + i;
+            if !self.known[block] {
+                continue;
+            }
+            let want = &self.bytes[block * b..(block + 1) * b];
+            assert!(
+                got == want,
+                "{what}: block {block} differs from what was written (first difference at byte {:?})",
+                first_difference(got, want)
+            );
+            checked += 1;
+        }
+        checked
+    }
+}
+
+/// CM and RC timing for a TCG guest: a packet lifetime of 2^17 × 4.096 µs
+/// (an RC ACK timeout near 1 s) and a CM response timeout of 2^20 ×
+/// 4.096 µs (about 4 s), as the VM notes advise: an emulated kernel under
+/// load answers slowly, and a retry storm would only slow it down more.
+fn interop_cm_config() -> CmConfig {
+    let t = |v| IbTimeout::new(v).unwrap_or(IbTimeout::from_low_bits(v));
+    CmConfig {
+        packet_lifetime: t(17),
+        cm_response_timeout: t(20),
+        max_cm_retries: 5,
+        timewait: t(14),
+        connections: 64,
+        listeners: 1,
+        ..CmConfig::new(hca_lowlevel::wire::Gid::ZERO, 0)
+    }
+}
+
+/// How to build an [`Interop`].
+#[derive(Debug, Clone)]
+pub struct InteropConfig {
+    /// `add_target` keys beyond the addressing (`"queue_size=64,max_sect=2048"`).
+    pub keys: String,
+    /// The engine's settings.
+    pub srp: SrpConfig,
+    /// The StorPort model's behaviour.
+    pub model: ModelConfig,
+    /// LUNs per target StorPort addresses.
+    pub luns_per_target: u8,
+    /// Initiator memory (data buffers and the engine's IUs).
+    pub initiator_memory: usize,
+    /// Where the link capture goes.
+    pub pcap: Option<PathBuf>,
+    /// How long to wait for the login.
+    pub live_timeout: Duration,
+}
+
+impl Default for InteropConfig {
+    fn default() -> Self {
+        InteropConfig {
+            keys: String::new(),
+            srp: SrpConfig {
+                timeouts: storport_srp::srp::params::Timeouts::new(
+                    Some(Duration::from_secs(1)),
+                    Some(Duration::from_secs(10)),
+                    Some(Duration::from_secs(120)),
+                )
+                .unwrap_or_default(),
+                tmf_timeout: Duration::from_secs(20),
+                ..SrpConfig::default()
+            },
+            model: ModelConfig {
+                max_requests: 65536,
+                ..ModelConfig::default()
+            },
+            luns_per_target: 2,
+            initiator_memory: 384 << 20,
+            pcap: None,
+            live_timeout: Duration::from_secs(60),
+        }
+    }
+}
+
+/// The initiator stack on the VM's link (see the [module docs](self)).
+pub struct Interop {
+    /// The host platform.
+    pub platform: Hp,
+    /// The fabric holding the one linked HCA.
+    pub fabric: Fabric,
+    /// The initiator HCA.
+    pub initiator: Arc<SoftHca>,
+    /// The link socket wrapper.
+    pub wire: Arc<LinkWire>,
+    /// The initiator device.
+    pub device: Device<Hp>,
+    /// The port's connection manager.
+    pub cm: CmPort<Hp>,
+    /// StorPort with the miniport installed.
+    pub model: StorPortModel<Adapter<HostPort, SrpTransport<Hp>>>,
+    /// The adapter's shape.
+    pub adapter: AdapterConfig,
+    /// What the initiator was told about the target.
+    pub params: TargetParams,
+    /// The `add_target` string.
+    pub add_target: String,
+    /// When the stack started (StorPort's clock follows it).
+    pub started: Instant,
+}
+
+/// The `add_target` string for the VM's `ib_srpt`: RDMA/CM form, the
+/// target port id being the service GUID (the node GUID) twice.
+///
+/// # Errors
+/// When the VM runs no SRP target or reports an odd GUID.
+pub fn srpt_add_target(info: &TargetInfo, keys: &str) -> Result<String, SetupError> {
+    let srpt = info
+        .srpt
+        .as_ref()
+        .ok_or_else(|| SetupError("the VM runs no SRP target".into()))?;
+    let tpid = srpt.target_port_id.trim_start_matches("0x");
+    if tpid.len() != 32 || tpid[..16] != tpid[16..] {
+        return Err(SetupError(format!(
+            "target_port_id {:?} is not a GUID twice",
+            srpt.target_port_id
+        )));
+    }
+    let guid = &tpid[..16];
+    let mut s = format!(
+        "id_ext={guid},ioc_guid={guid},dest={}:{}",
+        info.vm_ip, srpt.rdma_cm_port
+    );
+    if !keys.is_empty() {
+        s.push(',');
+        s.push_str(keys);
+    }
+    Ok(s)
+}
+
+impl Interop {
+    /// Builds the initiator on the VM's link (`wire`: the socket taken
+    /// from the VM, wrapped; it can serve one stack after another) and
+    /// starts the adapter; waits for the target to be live.
+    ///
+    /// # Errors
+    /// [`SetupError`] naming what failed.
+    pub fn start(
+        platform: Hp,
+        info: &TargetInfo,
+        wire: Arc<LinkWire>,
+        config: &InteropConfig,
+        p: &Passive<'_>,
+    ) -> Result<Interop, SetupError> {
+        let err = |what: &str, e: &dyn std::fmt::Debug| SetupError(format!("{what}: {e:?}"));
+        let fabric = Fabric::new(FabricConfig {
+            mode: ExecMode::Thread,
+            seed: 1,
+        });
+        let mut link = LinkConfig::new(EthernetAddress(info.host_mac.0));
+        link.pcap.clone_from(&config.pcap);
+        let initiator = fabric
+            .add_hca_on_link(
+                HcaConfig {
+                    mem_limit: config.initiator_memory,
+                    ..HcaConfig::new(info.host_ip.octets())
+                },
+                link,
+                wire.clone(),
+            )
+            .map_err(|e| err("initiator HCA on the link", &e))?;
+        let device = Device::open(
+            &platform,
+            VerifiedHca::new(initiator.clone()),
+            DeviceConfig::default(),
+            p,
+        )
+        .map_err(|e| err("initiator device", &e))?;
+        let cm = CmPort::create(
+            &device,
+            1,
+            CmPortConfig {
+                cm: interop_cm_config(),
+                recv_buffers: 64,
+                send_buffers: 64,
+                trace: None,
+            },
+            p,
+        )
+        .map_err(|e| err("initiator CM", &e))?;
+        let add_target = srpt_add_target(info, &config.keys)?;
+        let params = parse_add_target(add_target.as_bytes())
+            .map_err(|e| err(&format!("add_target {add_target:?}"), &e))?;
+        let shape = SrpTransport::<Hp>::adapter_shape(&[params], &config.srp);
+        let adapter = AdapterConfig {
+            targets: 1,
+            luns_per_target: config.luns_per_target,
+            max_io: shape.max_io.clamp(1, 4096),
+            max_io_per_lun: shape.max_io_per_lun.clamp(1, 4096),
+            max_transfer_bytes: shape.max_transfer_bytes,
+            physical_breaks: shape.physical_breaks,
+        };
+        let mut model = StorPortModel::with_memory(
+            &platform,
+            config.model.clone(),
+            initiator.phys_memory().clone(),
+            p,
+        );
+        let srp_config = config.srp;
+        let (dev2, cm2) = (device.clone(), cm.clone());
+        let context = CoreContext {
+            config: adapter,
+            make_transport: Box::new(move |upcalls, p: &Passive<'_>| {
+                SrpTransport::new(&dev2, &cm2, srp_config, &[params], upcalls, p)
+                    .map_err(|_| kverbs::platform::AllocError)
+            }),
+        };
+        model
+            .start(&context, p)
+            .map_err(|e| err("find_adapter", &e))?;
+        let stack = Interop {
+            platform,
+            fabric,
+            initiator,
+            wire,
+            device,
+            cm,
+            model,
+            adapter,
+            params,
+            add_target,
+            started: Instant::now(),
+        };
+        if !stack.wait_state(TargetState::Live, config.live_timeout) {
+            return Err(SetupError(format!(
+                "target not live after {:?}: {:?}; link {:?}",
+                config.live_timeout,
+                stack.stats(p),
+                stack.link_stats()
+            )));
+        }
+        Ok(stack)
+    }
+
+    /// The engine.
+    #[must_use]
+    pub fn transport(&self) -> &SrpTransport<Hp> {
+        self.model.miniport().transport()
+    }
+
+    /// The target's counters (engine side).
+    #[must_use]
+    pub fn stats(&self, p: &Passive<'_>) -> TargetStats {
+        self.transport().target_stats(0, p).unwrap_or_default()
+    }
+
+    /// The link's counters.
+    #[must_use]
+    pub fn link_stats(&self) -> Option<LinkStats> {
+        self.fabric.link_stats(&self.initiator)
+    }
+
+    /// The target's state as the core sees it.
+    #[must_use]
+    pub fn state(&self) -> TargetState {
+        self.model.miniport().core().target_state_of(0)
+    }
+
+    /// Waits (real time) until the target is in `state`.
+    #[must_use]
+    pub fn wait_state(&self, state: TargetState, timeout: Duration) -> bool {
+        wait_until(timeout, || self.state() == state)
+    }
+
+    /// Moves StorPort's (virtual) clock up to real time since the stack
+    /// started, and dispatches what may go. StorPort's clock drives the
+    /// retry of requests the miniport answered `SRB_STATUS_BUSY` and the
+    /// request timeouts, so against a real target it runs in real time.
+    pub fn tick(&self, p: &Passive<'_>) {
+        let now = self.started.elapsed();
+        let model_now = self.model.now();
+        if now > model_now + Duration::from_millis(5) {
+            self.model.advance(now - model_now, p);
+        } else {
+            self.model.pump(p);
+        }
+    }
+
+    /// Submits a request.
+    ///
+    /// # Panics
+    /// If the model cannot create it.
+    pub fn submit(&self, spec: &RequestSpec, p: &Passive<'_>) -> u32 {
+        match self.model.submit(spec, p) {
+            Ok(id) => id,
+            Err(e) => panic!("submit: {e:?}"),
+        }
+    }
+
+    /// Whether request `id` has completed.
+    #[must_use]
+    pub fn done(&self, id: u32) -> bool {
+        self.model
+            .outcome(id)
+            .is_some_and(|o| o.state == RequestState::Completed)
+    }
+
+    /// Waits for requests to complete (real time; StorPort's clock does
+    /// not move).
+    ///
+    /// # Panics
+    /// If one has not completed within `timeout`.
+    pub fn wait(&self, ids: &[u32], timeout: Duration, p: &Passive<'_>) -> Vec<RequestOutcome> {
+        let start = Instant::now();
+        while !ids.iter().all(|id| self.done(*id)) {
+            assert!(
+                start.elapsed() < timeout,
+                "requests not completed in {timeout:?}: {:?}; engine {:?}",
+                ids.iter()
+                    .filter(|id| !self.done(**id))
+                    .map(|id| (id, self.model.outcome(*id)))
+                    .collect::<Vec<_>>(),
+                self.stats(p)
+            );
+            self.tick(p);
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        ids.iter()
+            .map(|id| {
+                self.model
+                    .outcome(*id)
+                    .unwrap_or_else(|| panic!("no request {id}"))
+            })
+            .collect()
+    }
+
+    /// A command with data-in of `len` bytes; waits; returns the outcome
+    /// and the bytes that moved.
+    pub fn command_in(
+        &self,
+        lun: u8,
+        cdb: &[u8],
+        len: u32,
+        p: &Passive<'_>,
+    ) -> (RequestOutcome, Vec<u8>) {
+        let spec = RequestSpec::scsi_in(Address::new(0, 0, lun), cdb, len).timeout(IO_TIMEOUT_SECS);
+        let id = self.submit(&spec, p);
+        let out = self
+            .wait(&[id], Duration::from_secs(60), p)
+            .into_iter()
+            .next()
+            .unwrap_or_else(|| panic!("no outcome"));
+        let mut data = self.model.data(id).unwrap_or_default();
+        data.truncate(out.data_transfer_length as usize);
+        let _ = self.model.release(id);
+        (out, data)
+    }
+
+    /// INQUIRY (standard data, 96 bytes).
+    pub fn inquiry(&self, lun: u8, p: &Passive<'_>) -> (RequestOutcome, Vec<u8>) {
+        let cdb = cdb_bytes(&CdbRepr::Inquiry(InquiryCdb {
+            alloc_len: 96,
+            ..InquiryCdb::default()
+        }));
+        self.command_in(lun, &cdb, 96, p)
+    }
+
+    /// INQUIRY of a VPD page.
+    pub fn inquiry_vpd(&self, lun: u8, page: u8, p: &Passive<'_>) -> (RequestOutcome, Vec<u8>) {
+        let cdb = cdb_bytes(&CdbRepr::Inquiry(InquiryCdb {
+            evpd: true,
+            page_code: page,
+            alloc_len: 252,
+            ..InquiryCdb::default()
+        }));
+        self.command_in(lun, &cdb, 252, p)
+    }
+
+    /// READ CAPACITY(16).
+    pub fn read_capacity(&self, lun: u8, p: &Passive<'_>) -> (RequestOutcome, Vec<u8>) {
+        let cdb = cdb_bytes(&CdbRepr::ReadCapacity16(ReadCapacity16Cdb {
+            alloc_len: 32,
+            ..ReadCapacity16Cdb::default()
+        }));
+        self.command_in(lun, &cdb, 32, p)
+    }
+
+    /// REPORT LUNS.
+    pub fn report_luns(&self, p: &Passive<'_>) -> (RequestOutcome, Vec<u8>) {
+        let cdb = cdb_bytes(&CdbRepr::ReportLuns(ReportLunsCdb {
+            select_report: 0,
+            alloc_len: 4096,
+        }));
+        self.command_in(0, &cdb, 4096, p)
+    }
+
+    /// Runs `ios` (on target 0) keeping up to `depth` in flight, no two in
+    /// flight overlapping; checks each successful read against the LUN's
+    /// shadow and records each successful write in it; a failed write
+    /// makes its blocks unknown. Each request is released once checked,
+    /// so the outcomes returned in `ios` order carry no data.
+    ///
+    /// # Panics
+    /// On a data mismatch, or an I/O not done within `timeout`.
+    pub fn run_ios(
+        &self,
+        ios: &[Io],
+        depth: usize,
+        shadows: &mut BTreeMap<u8, ShadowDisk>,
+        timeout: Duration,
+        p: &Passive<'_>,
+    ) -> Vec<IoDone> {
+        let depth = depth.max(1);
+        let mut results: Vec<Option<IoDone>> = (0..ios.len()).map(|_| None).collect();
+        let mut next = 0usize;
+        let mut in_flight: BTreeMap<u32, usize> = BTreeMap::new();
+        let start = Instant::now();
+        while next < ios.len() || !in_flight.is_empty() {
+            while next < ios.len() && in_flight.len() < depth {
+                let Some(io) = ios.get(next) else { break };
+                let overlaps = in_flight.values().filter_map(|i| ios.get(*i)).any(|o| {
+                    o.lun == io.lun
+                        && o.lba < io.lba + u64::from(io.blocks)
+                        && io.lba < o.lba + u64::from(o.blocks)
+                });
+                if overlaps {
+                    break;
+                }
+                let spec = io_spec(io);
+                let id = self.submit(&spec, p);
+                in_flight.insert(id, next);
+                next += 1;
+            }
+            let finished: Vec<u32> = in_flight
+                .keys()
+                .copied()
+                .filter(|id| self.done(*id))
+                .collect();
+            for id in finished {
+                let Some(index) = in_flight.remove(&id) else {
+                    continue;
+                };
+                let Some(io) = ios.get(index) else { continue };
+                let outcome = self
+                    .model
+                    .outcome(id)
+                    .unwrap_or_else(|| panic!("no request {id}"));
+                let data = self.model.data(id).unwrap_or_default();
+                let shadow = shadows
+                    .get_mut(&io.lun)
+                    .unwrap_or_else(|| panic!("no shadow of LUN {}", io.lun));
+                let ok = outcome.status.base() == SrbStatus::SUCCESS;
+                match (io.op, ok) {
+                    (Op::Write, true) => shadow.wrote(io.lba, &io.data),
+                    (Op::Write, false) => shadow.forget(io.lba, io.blocks),
+                    (Op::Read, true) => {
+                        assert_eq!(
+                            outcome.data_transfer_length as usize,
+                            io.blocks as usize * io.block_len as usize,
+                            "{io:?} {outcome:?}"
+                        );
+                        shadow.check_read(io.lba, &data, &format!("{io:?}"));
+                    }
+                    (Op::Read, false) => {}
+                }
+                // Done with it: StorPort frees the SRB and its buffer.
+                let _ = self.model.release(id);
+                if let Some(slot) = results.get_mut(index) {
+                    *slot = Some(IoDone {
+                        id,
+                        outcome,
+                        data: Vec::new(),
+                    });
+                }
+            }
+            assert!(
+                start.elapsed() < timeout,
+                "I/O did not finish in {timeout:?}: {} in flight; engine {:?}",
+                in_flight.len(),
+                self.stats(p)
+            );
+            if !in_flight.is_empty() {
+                self.tick(p);
+                std::thread::sleep(Duration::from_micros(200));
+            }
+        }
+        results
+            .into_iter()
+            .map(|r| r.unwrap_or_else(|| panic!("missing result")))
+            .collect()
+    }
+
+    /// Stops the adapter (the orderly logout: the engine disconnects its
+    /// channels) and checks it let go of every connection.
+    ///
+    /// # Panics
+    /// If it does not stop in time or leaves a connection open.
+    pub fn stop(&self, p: &Passive<'_>) {
+        self.model.settle();
+        assert!(self.model.stop_adapter(p), "stop adapter");
+        let stopped = wait_until(Duration::from_secs(60), || {
+            self.model.miniport().core().state() == storport_srp::miniport::AdapterState::Stopped
+        });
+        assert!(stopped, "the adapter did not stop");
+        assert_eq!(
+            self.transport().open_connections(p),
+            0,
+            "connections left open after stop"
+        );
+    }
+
+    /// Tears everything down and checks: the CM port has no consumer
+    /// left, every request completed exactly once (the model), and the
+    /// verifier saw no violation. Call [`Self::stop`] first.
+    ///
+    /// # Panics
+    /// On any failed check.
+    pub fn finish(mut self, p: &Passive<'_>) {
+        self.model.free_adapter(p);
+        self.cm.close(p);
+        let quiet = wait_until(Duration::from_secs(30), || {
+            self.cm.pending_consumers(p) == (0, 0) && self.cm.connections_in_use(p) == 0
+        });
+        assert!(
+            quiet,
+            "CM consumers left: {:?}",
+            self.cm.pending_consumers(p)
+        );
+        let released = wait_until(Duration::from_secs(30), || match self.cm.release(p) {
+            Ok(()) => true,
+            Err(CmError::Busy) => false,
+            Err(e) => panic!("CM release: {e:?}"),
+        });
+        assert!(released, "CM port not released");
+        self.device.close(p);
+        let Interop { model, fabric, .. } = self;
+        model.finish();
+        drop(fabric);
+    }
+}
+
+/// StorPort's request timeout for the interop I/O: Windows' disk class
+/// default (`TimeOutValue` 60 s). A TCG guest serving 64 MiB queued at a
+/// few MiB/s takes longer than the older 10 s default.
+pub const IO_TIMEOUT_SECS: u32 = 60;
+
+/// The request for an I/O (target 0).
+#[must_use]
+pub fn io_spec(io: &Io) -> RequestSpec {
+    let address = Address::new(0, 0, io.lun);
+    match io.op {
+        Op::Read => RequestSpec::scsi_in(
+            address,
+            &rw_cdb(true, io.lba, io.blocks),
+            io.blocks * io.block_len,
+        ),
+        Op::Write => {
+            RequestSpec::scsi_out(address, &rw_cdb(false, io.lba, io.blocks), io.data.clone())
+        }
+    }
+    .shaped(io.shape)
+    .timeout(IO_TIMEOUT_SECS)
+}
+
+/// Waits (real time) until `cond` holds, polling every millisecond.
+pub fn wait_until(timeout: Duration, cond: impl Fn() -> bool) -> bool {
+    let start = Instant::now();
+    while !cond() {
+        if start.elapsed() > timeout {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    true
+}
+
+/// A host platform shaped like the full-stack harness's (threaded, two
+/// processors), with a DPC budget that tolerates a loaded two-core host.
+#[must_use]
+pub fn interop_platform() -> Hp {
+    HostPlatform::with_config(HostConfig {
+        mode: HostMode::Threaded,
+        processors: 2,
+        worker_threads: 2,
+        dpc_budget: Duration::from_secs(2),
+    })
+}
+
+/// Sizes drawn log-uniformly from `min..=max` bytes (whole blocks): as
+/// many small I/Os as large ones per octave, so the whole range is
+/// covered by a few thousand I/Os.
+#[must_use]
+pub fn log_uniform_blocks(rng: &mut fastrand::Rng, block_len: u32, min: u32, max: u32) -> u32 {
+    let lo = f64::from((min / block_len).max(1)).ln();
+    let hi = f64::from((max / block_len).max(1)).ln();
+    let x = lo + rng.f64() * (hi - lo);
+    let blocks = x.exp().round() as u32;
+    blocks.clamp((min / block_len).max(1), (max / block_len).max(1))
+}
+
+/// `n` I/Os on `lun` of a `blocks_total`-block LUN: reads with
+/// probability `read_ratio`, sizes log-uniform in `min..=max` bytes,
+/// buffer shapes contiguous, per page or odd.
+#[must_use]
+#[expect(clippy::too_many_arguments, reason = "the workload's knobs")]
+pub fn workload(
+    rng: &mut fastrand::Rng,
+    n: usize,
+    lun: u8,
+    block_len: u32,
+    blocks_total: u64,
+    min: u32,
+    max: u32,
+    read_ratio: f64,
+) -> Vec<Io> {
+    (0..n)
+        .map(|_| {
+            let blocks = log_uniform_blocks(rng, block_len, min, max);
+            let lba = rng.u64(0..=blocks_total.saturating_sub(u64::from(blocks)));
+            let op = if rng.f64() < read_ratio {
+                Op::Read
+            } else {
+                Op::Write
+            };
+            let shape = match rng.u8(0..3) {
+                0 => SgShape::Contiguous,
+                1 => SgShape::Pages,
+                _ => SgShape::Odd { seed: rng.u64(..) },
+            };
+            let data = if op == Op::Write {
+                let mut d = vec![0u8; (blocks * block_len) as usize];
+                rng.fill(&mut d);
+                d
+            } else {
+                Vec::new()
+            };
+            Io {
+                target: 0,
+                lun,
+                op,
+                lba,
+                blocks,
+                block_len,
+                shape,
+                data,
+            }
+        })
+        .collect()
+}

@@ -1,0 +1,834 @@
+//! Interop through the whole initiator: the host StorPort model → the
+//! miniport core → the SRP engine → kverbs → the software HCA on the RoCEv2
+//! link → the Linux kernel's `ib_srpt` (LIO) over `rdma_rxe` in the target
+//! VM. One VM boot for the whole binary; the phases run in order against
+//! it, each printing what it did:
+//!
+//! 1. login through the miniport core (the `add_target` string from the
+//!    VM's `TargetInfo`, RDMA/CM, `target_port_id` = service GUID twice);
+//! 2. INQUIRY (standard and VPD 0x80), REPORT LUNS, READ CAPACITY, with
+//!    LIO's unit attentions read and answered as the class driver would;
+//! 3. data-verified reads and writes: every block of both LUNs written and
+//!    read back with 1 MiB I/Os, then thousands of random I/Os, 512 B to
+//!    1 MiB, at queue depths 1 to 64 (`VM_SRP_IOS` scales them), and the
+//!    fileio LUN's backing file hashed in the VM against what we wrote;
+//! 4. task management through the StorPort model's SRB functions: ABORT
+//!    TASK of queued commands and a LOGICAL UNIT RESET during I/O;
+//! 5. the target drops the session (TPG disabled in configfs): the engine
+//!    recovers when it is back, I/O held during the outage completes, and
+//!    I/O past `fast_io_fail_tmo` fails fast with a truthful status;
+//! 6. orderly logout (adapter stop: DREQ/DREP on every channel) and a
+//!    teardown that checks every request completed exactly once;
+//! 7. a new login with `ch_count=2`: srpt answers the first channel "no
+//!    channel" (so the logout really ended the old session there) and the
+//!    second "maintained", and verified I/O runs over both.
+//!
+//! The link's pcap is kept in the VM's run directory when the run fails
+//! (its path printed). Behind the `vm-tests` feature; CI step 62. It skips
+//! (loudly) only when the VM cannot be prepared here, and never under CI.
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::Write as _;
+use std::time::{Duration, Instant};
+
+use kverbs::irql::Passive;
+use kverbs::platform::host::VerifierAllocator;
+use kverbs_tests::interop::{
+    Interop, InteropConfig, LinkWire, PcapGuard, ShadowDisk, interop_platform, io_spec, wait_until,
+    workload,
+};
+use kverbs_tests::{Io, IoDone, Op, env_count};
+use kverbs_tools::vm::{PrepareOptions, Prepared, Vm, VmConfig, VmError, WorkDir, prepare};
+use md5::Digest as _;
+use std::sync::Arc;
+use storport_srp::miniport::transport::TargetState;
+use storport_srp::scsi::sense::{AdditionalSense, SenseKey, SenseRepr};
+use storport_srp::storport::host::{RequestOutcome, RequestSpec, SgShape};
+use storport_srp::storport::{Address, SrbFunction, SrbStatus};
+use storport_srp::wire::srp::MultiChannelResult;
+
+#[global_allocator]
+static ALLOCATOR: VerifierAllocator = VerifierAllocator;
+
+const MIB: u32 = 1 << 20;
+
+fn prepared_or_skip(test: &str) -> Option<Prepared> {
+    let options = PrepareOptions {
+        verbose: true,
+        ..PrepareOptions::default()
+    };
+    match prepare(&WorkDir::default(), &options) {
+        Ok(prepared) => Some(prepared),
+        Err(e @ VmError::PackagesMissing { .. }) if std::env::var_os("CI").is_none() => {
+            let _ = writeln!(
+                std::io::stderr(),
+                "\n################################################################\n\
+                 ## SKIPPING {test}: the Linux target VM cannot be prepared here.\n\
+                 ## {e}\n\
+                 ## (Under CI this is a failure, not a skip.)\n\
+                 ################################################################\n"
+            );
+            None
+        }
+        Err(e) => panic!("preparing the VM failed: {e}"),
+    }
+}
+
+fn exec(vm: &Vm, cmd: &str) -> String {
+    match vm.exec_ok(cmd) {
+        Ok(out) => out,
+        Err(e) => panic!("{e}"),
+    }
+}
+
+/// The sense of a CHECK CONDITION, decoded.
+fn sense_of(o: &RequestOutcome) -> Option<SenseRepr> {
+    (o.scsi_status == 0x02)
+        .then(|| SenseRepr::parse(&o.sense).ok())
+        .flatten()
+}
+
+/// Issues a data-in command, retrying on UNIT ATTENTION as the class
+/// driver does; returns the outcome, the data and the unit attentions
+/// seen on the way.
+fn command_in_ua(
+    s: &Interop,
+    lun: u8,
+    f: impl Fn(&Interop, u8, &Passive<'_>) -> (RequestOutcome, Vec<u8>),
+    p: &Passive<'_>,
+) -> (RequestOutcome, Vec<u8>, Vec<AdditionalSense>) {
+    let mut uas = Vec::new();
+    for _ in 0..4 {
+        let (o, data) = f(s, lun, p);
+        match sense_of(&o) {
+            Some(sense) if sense.key == SenseKey::UnitAttention => uas.push(sense.code),
+            _ => return (o, data, uas),
+        }
+    }
+    panic!("LUN {lun}: unit attention after unit attention: {uas:?}");
+}
+
+struct Record {
+    lines: Vec<String>,
+}
+
+impl Record {
+    fn note(&mut self, line: String) {
+        eprintln!("[interop] {line}");
+        self.lines.push(line);
+    }
+}
+
+#[test]
+fn srp_through_the_miniport_against_linux_srpt() {
+    let Some(prepared) = prepared_or_skip("srp_through_the_miniport_against_linux_srpt") else {
+        return;
+    };
+    // Two 16 MiB LUNs (a RAM disk and a file): small enough to be written
+    // whole and read back in a few seconds under TCG.
+    let lun = |backstore| kverbs_tools::vm::LunConfig {
+        backstore,
+        size_mib: 16,
+        block_size: 512,
+    };
+    let config = VmConfig {
+        instance: "srp-interop".to_owned(),
+        luns: vec![
+            lun(kverbs_tools::vm::Backstore::RdMcp),
+            lun(kverbs_tools::vm::Backstore::Fileio),
+        ],
+        ..VmConfig::default()
+    };
+    let t0 = Instant::now();
+    let mut vm = Vm::boot(&config, &prepared).unwrap_or_else(|e| panic!("{e}"));
+    let info = vm.info().clone();
+    let mut rec = Record { lines: Vec::new() };
+    rec.note(format!(
+        "VM: kernel {} ({}), ready after {:.1} s",
+        info.kernel_release, info.kernel_package, info.boot_secs
+    ));
+    let pcap = vm.paths().dir.join("srp-interop.pcap");
+    let mut guard = PcapGuard::new(pcap.clone());
+    let wire = Arc::new(LinkWire::new(vm.take_link().expect("the link socket")));
+    let srpt = info.srpt.clone().expect("srpt enabled");
+    let tpg = format!("/sys/kernel/config/target/srpt/{}/tpgt_1", srpt.wwn);
+
+    let platform = interop_platform();
+    let iconfig = InteropConfig {
+        keys: "queue_size=64,max_sect=2048,max_cmd_per_lun=64,cmd_sg_entries=255,sg_tablesize=2048"
+            .to_owned(),
+        pcap: Some(pcap.clone()),
+        ..InteropConfig::default()
+    };
+    let stack = platform.run_passive(|p| {
+        let s = match Interop::start(platform.clone(), &info, wire.clone(), &iconfig, p) {
+            Ok(s) => s,
+            Err(e) => panic!(
+                "login through the miniport: {}\n{}",
+                e.0,
+                exec(&vm, "dmesg | tail -30")
+            ),
+        };
+        // ------------------------------------------------------------
+        // 1. Login.
+        let st = s.stats(p);
+        assert_eq!((st.logins, st.live_channels), (1, 1), "{st:?}");
+        let neg = s.transport().negotiated(0, 0, p);
+        rec.note(format!(
+            "login: {} -> live, req_lim {}, negotiated {neg:?}",
+            s.add_target, st.req_lim
+        ));
+        let dmesg = exec(&vm, "dmesg");
+        assert!(
+            dmesg.contains("Received SRP_LOGIN_REQ"),
+            "srpt did not log the login:\n{dmesg}"
+        );
+
+        // ------------------------------------------------------------
+        // 2. INQUIRY, VPD, REPORT LUNS, READ CAPACITY.
+        let mut shadows = BTreeMap::new();
+        for lun in &info.luns {
+            let l = u8::try_from(lun.lun).unwrap();
+            let (o, data, uas) = command_in_ua(&s, l, |s, l, p| s.inquiry(l, p), p);
+            assert!(
+                matches!(o.status.base(), SrbStatus::SUCCESS | SrbStatus::DATA_OVERRUN),
+                "INQUIRY LUN {l}: {o:?}"
+            );
+            assert!(uas.is_empty(), "INQUIRY reports no unit attention: {uas:?}");
+            assert!(data.len() >= 36, "{data:?}");
+            assert_eq!(data[0] & 0x1f, 0, "direct access block device");
+            let vendor = String::from_utf8_lossy(&data[8..16]).trim().to_owned();
+            let product = String::from_utf8_lossy(&data[16..32]).trim().to_owned();
+            assert_eq!(vendor, "LIO-ORG");
+            let want = match lun.backstore {
+                kverbs_tools::vm::Backstore::RdMcp => "RAMDISK-MCP",
+                kverbs_tools::vm::Backstore::Fileio => "FILEIO",
+            };
+            assert!(product.starts_with(want), "LUN {l}: product {product:?}");
+            let (o, vpd, _) = command_in_ua(&s, l, |s, l, p| s.inquiry_vpd(l, 0x80, p), p);
+            assert!(
+                matches!(o.status.base(), SrbStatus::SUCCESS | SrbStatus::DATA_OVERRUN),
+                "VPD 0x80 LUN {l}: {o:?}"
+            );
+            let serial = String::from_utf8_lossy(&vpd[4..]).trim_end_matches('\0').trim().to_owned();
+            assert_eq!(serial, lun.unit_serial, "LUN {l}");
+            let (o, cap, uas) = command_in_ua(&s, l, |s, l, p| s.read_capacity(l, p), p);
+            assert_eq!(o.status.base(), SrbStatus::SUCCESS, "READ CAPACITY LUN {l}: {o:?}");
+            let last = u64::from_be_bytes(cap[0..8].try_into().unwrap());
+            let block = u32::from_be_bytes(cap[8..12].try_into().unwrap());
+            assert_eq!(block, lun.block_size, "LUN {l}");
+            assert_eq!((last + 1) * u64::from(block), lun.size_bytes, "LUN {l}");
+            rec.note(format!(
+                "LUN {l}: {vendor} {product}, serial {serial}, {} x {block} B, unit attentions {uas:?}",
+                last + 1
+            ));
+            shadows.insert(l, ShadowDisk::new(block, last + 1));
+        }
+        let (o, data, _) = command_in_ua(&s, 0, |s, _, p| s.report_luns(p), p);
+        assert!(
+            matches!(o.status.base(), SrbStatus::SUCCESS | SrbStatus::DATA_OVERRUN),
+            "{o:?}"
+        );
+        let list = storport_srp::scsi::ReportLunsData::new_checked(&data[..]).unwrap();
+        // LIO lists them newest mapping first: the set is what counts.
+        let mut luns: Vec<_> = list.luns().map(|l| l.index()).collect();
+        luns.sort_unstable();
+        assert_eq!(luns, vec![Some(0), Some(1)]);
+
+        // ------------------------------------------------------------
+        // 3. Data.
+        data_phase(&s, &vm, &info, &mut shadows, &mut rec, p);
+
+        // ------------------------------------------------------------
+        // 4. Task management.
+        tmf_phase(&s, &mut shadows, &mut rec, p);
+
+        // ------------------------------------------------------------
+        // 5. The target drops the session.
+        reconnect_phase(&s, &vm, &tpg, &mut shadows, &mut rec, p);
+
+        // ------------------------------------------------------------
+        // 6. Orderly logout.
+        let before = s.stats(p);
+        let t = Instant::now();
+        s.stop(p);
+        let st = s.stats(p);
+        assert_eq!(st.live_channels, 0, "{st:?}");
+        assert_eq!(st.transport_failures, before.transport_failures, "{st:?}");
+        rec.note(format!(
+            "logout: adapter stopped, channels disconnected in {:.2} s",
+            t.elapsed().as_secs_f64()
+        ));
+        let link = s.link_stats().expect("link stats");
+        assert_eq!(link.rx_bad_icrc + link.rx_malformed, 0, "{link:?}");
+        rec.note(format!("link: {link:?}"));
+        s
+    });
+    platform.run_passive(|p| stack.finish(p));
+
+    // ----------------------------------------------------------------
+    // 7. A new login with two channels (SRP multichannel): the first
+    //    channel's login finds no channel of ours left at the target (the
+    //    logout above really ended the session there), the second joins it.
+    let mc_pcap = vm.paths().dir.join("srp-interop-mc.pcap");
+    let mut mc_guard = PcapGuard::new(mc_pcap.clone());
+    let platform = interop_platform();
+    let mc_config = InteropConfig {
+        keys: format!("{},ch_count=2", iconfig.keys),
+        pcap: Some(mc_pcap),
+        ..iconfig.clone()
+    };
+    let stack = platform.run_passive(|p| {
+        let s = match Interop::start(platform.clone(), &info, wire.clone(), &mc_config, p) {
+            Ok(s) => s,
+            Err(e) => panic!("two-channel login: {}", e.0),
+        };
+        assert!(
+            wait_until(Duration::from_secs(30), || s.stats(p).live_channels == 2),
+            "second channel: {:?}",
+            s.stats(p)
+        );
+        let first = s.transport().negotiated(0, 0, p).expect("channel 0");
+        let second = s.transport().negotiated(0, 1, p).expect("channel 1");
+        assert_eq!(first.multichannel, MultiChannelResult::NoChannel, "{first:?}");
+        assert_eq!(second.multichannel, MultiChannelResult::Maintained, "{second:?}");
+        // The unit attention of the new nexus, then verified I/O spread
+        // over both channels.
+        let mut shadows = BTreeMap::new();
+        for l in 0..2u8 {
+            let (o, cap, uas) = command_in_ua(&s, l, |s, l, p| s.read_capacity(l, p), p);
+            assert_eq!(o.status.base(), SrbStatus::SUCCESS, "{o:?}");
+            let last = u64::from_be_bytes(cap[0..8].try_into().unwrap());
+            shadows.insert(l, ShadowDisk::new(512, last + 1));
+            if !uas.is_empty() {
+                eprintln!("[interop] two channels, LUN {l}: unit attentions {uas:?}");
+            }
+        }
+        let mut rng = fastrand::Rng::with_seed(0x5eed_0005);
+        let n = env_count("VM_SRP_MC_IOS", 400);
+        let mut ios = Vec::new();
+        for i in 0..n {
+            let lun = u8::try_from(i % 2).unwrap();
+            let sh = &shadows[&lun];
+            // Writes first, then a mix: what is read back was written here.
+            let ratio = if i < n / 2 { 0.0 } else { 0.5 };
+            ios.extend(workload(&mut rng, 1, lun, 512, sh.blocks(), 512, 256 << 10, ratio));
+        }
+        let t = Instant::now();
+        let done = s.run_ios(&ios, 32, &mut shadows, Duration::from_secs(300), p);
+        all_succeeded(&done, "two channels");
+        let checked = ios.iter().filter(|io| io.op == Op::Read).count();
+        let st = s.stats(p);
+        assert_eq!(st.transport_failures, 0, "{st:?}");
+        rec.note(format!(
+            "ch_count=2: channel 0 {:?}, channel 1 {:?}; {n} I/Os ({checked} reads) at depth 32 in {:.1} s",
+            first.multichannel,
+            second.multichannel,
+            t.elapsed().as_secs_f64()
+        ));
+        s.stop(p);
+        s
+    });
+    platform.run_passive(|p| stack.finish(p));
+    mc_guard.passed();
+    // The VM saw nothing wrong from us.
+    let dmesg = exec(&vm, "dmesg");
+    for bad in ["ICRC", "icrc", "rxe: bad", "BUG", "WARNING"] {
+        assert!(
+            !dmesg.contains(bad),
+            "kernel log mentions {bad:?}:\n{dmesg}"
+        );
+    }
+    rec.note(format!("total {:.1} s", t0.elapsed().as_secs_f64()));
+    eprintln!("\n[interop] summary:");
+    for l in &rec.lines {
+        eprintln!("  {l}");
+    }
+    guard.passed();
+    drop(guard);
+    vm.shutdown();
+}
+
+/// Every block of every LUN written (1 MiB writes) and read back, then
+/// random I/O over sizes and depths, then the fileio backing file hashed in
+/// the VM against the shadow.
+fn data_phase(
+    s: &Interop,
+    vm: &Vm,
+    info: &kverbs_tools::vm::TargetInfo,
+    shadows: &mut BTreeMap<u8, ShadowDisk>,
+    rec: &mut Record,
+    p: &Passive<'_>,
+) {
+    let mut rng = fastrand::Rng::with_seed(0x5eed_0001);
+    let t = Instant::now();
+    let mut fill = Vec::new();
+    let mut read_all = Vec::new();
+    for (lun, sh) in shadows.iter() {
+        let per = MIB / sh.block_len();
+        for lba in (0..sh.blocks()).step_by(per as usize) {
+            let blocks = per.min(u32::try_from(sh.blocks() - lba).unwrap());
+            let mut data = vec![0u8; (blocks * sh.block_len()) as usize];
+            rng.fill(&mut data);
+            let io = Io {
+                target: 0,
+                lun: *lun,
+                op: Op::Write,
+                lba,
+                blocks,
+                block_len: sh.block_len(),
+                shape: SgShape::Pages,
+                data,
+            };
+            read_all.push(Io {
+                op: Op::Read,
+                data: Vec::new(),
+                shape: SgShape::Odd { seed: lba },
+                ..io.clone()
+            });
+            fill.push(io);
+        }
+    }
+    let bytes: u64 = fill
+        .iter()
+        .map(|io| u64::from(io.blocks * io.block_len))
+        .sum();
+    let done = s.run_ios(&fill, 8, shadows, Duration::from_secs(300), p);
+    all_succeeded(&done, "fill");
+    let done = s.run_ios(&read_all, 8, shadows, Duration::from_secs(300), p);
+    all_succeeded(&done, "read back");
+    assert!(shadows.values().all(ShadowDisk::all_known));
+    let secs = t.elapsed().as_secs_f64();
+    rec.note(format!(
+        "fill + read back: {} I/Os of 1 MiB, {:.0} MiB in {secs:.1} s ({:.1} MiB/s)",
+        fill.len() + read_all.len(),
+        2.0 * bytes as f64 / f64::from(MIB),
+        2.0 * bytes as f64 / f64::from(MIB) / secs
+    ));
+
+    // Random I/O: log-uniform 512 B..1 MiB at each depth.
+    let total = env_count("VM_SRP_IOS", 2400);
+    let depths = [1usize, 4, 16, 64];
+    for depth in depths {
+        let n = total / depths.len();
+        let mut ios = Vec::new();
+        for i in 0..n {
+            let lun = u8::try_from(i % 2).unwrap();
+            let sh = &shadows[&lun];
+            ios.extend(workload(
+                &mut rng,
+                1,
+                lun,
+                sh.block_len(),
+                sh.blocks(),
+                512,
+                MIB,
+                0.5,
+            ));
+        }
+        let t = Instant::now();
+        let done = s.run_ios(&ios, depth, shadows, Duration::from_secs(240), p);
+        all_succeeded(&done, &format!("depth {depth}"));
+        let secs = t.elapsed().as_secs_f64();
+        let bytes: u64 = ios
+            .iter()
+            .map(|io| u64::from(io.blocks * io.block_len))
+            .sum();
+        let (small, large) = (
+            ios.iter()
+                .map(|io| io.blocks * io.block_len)
+                .min()
+                .unwrap_or(0),
+            ios.iter()
+                .map(|io| io.blocks * io.block_len)
+                .max()
+                .unwrap_or(0),
+        );
+        rec.note(format!(
+            "depth {depth}: {n} I/Os ({} reads), {small} B..{large} B, {:.1} MiB in {secs:.1} s ({:.0} IOPS, {:.1} MiB/s)",
+            ios.iter().filter(|io| io.op == Op::Read).count(),
+            bytes as f64 / f64::from(MIB),
+            n as f64 / secs,
+            bytes as f64 / f64::from(MIB) / secs
+        ));
+    }
+    let st = s.stats(p);
+    assert_eq!(st.transport_failures, 0, "{st:?}");
+    rec.note(format!(
+        "engine: {} completed, {} direct, {} indirect, {} immediate writes, busy credit {}, busy resources {}",
+        st.completed,
+        st.direct_commands,
+        st.indirect_commands,
+        st.immediate_writes,
+        st.busy_credit,
+        st.busy_resources
+    ));
+
+    // The fileio LUN's backing file, hashed in the VM.
+    for lun in info
+        .luns
+        .iter()
+        .filter(|l| l.backstore == kverbs_tools::vm::Backstore::Fileio)
+    {
+        let l = u8::try_from(lun.lun).unwrap();
+        let sh = &shadows[&l];
+        assert!(sh.all_known());
+        let out = exec(vm, &format!("md5sum /run/kvvm/lun{l}.img"));
+        let theirs = out.split_whitespace().next().unwrap_or("").to_owned();
+        let ours: String = md5::Md5::digest(sh.image())
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        assert_eq!(
+            theirs, ours,
+            "LUN {l}: the backing file is not what we wrote"
+        );
+        rec.note(format!(
+            "LUN {l}: backing file md5 {theirs} matches the shadow"
+        ));
+    }
+}
+
+fn all_succeeded(done: &[IoDone], what: &str) {
+    for d in done {
+        assert_eq!(d.outcome.status.base(), SrbStatus::SUCCESS, "{what}: {d:?}");
+        assert_eq!(d.outcome.completions, 1, "{what}: {d:?}");
+    }
+}
+
+/// Submits `ios` at once; returns their ids.
+fn submit_all(s: &Interop, ios: &[Io], p: &Passive<'_>) -> Vec<u32> {
+    ios.iter().map(|io| s.submit(&io_spec(io), p)).collect()
+}
+
+/// Applies finished I/Os to the shadows (as `run_ios` does) and checks
+/// the reads.
+fn settle_into_shadows(
+    s: &Interop,
+    ios: &[Io],
+    ids: &[u32],
+    shadows: &mut BTreeMap<u8, ShadowDisk>,
+) -> HashMap<SrbStatus, usize> {
+    let mut by_status = HashMap::new();
+    for (io, id) in ios.iter().zip(ids) {
+        let o = s.model.outcome(*id).unwrap();
+        assert_eq!(o.completions, 1, "{o:?}");
+        *by_status.entry(o.status.base()).or_insert(0) += 1;
+        let sh = shadows.get_mut(&io.lun).unwrap();
+        let ok = o.status.base() == SrbStatus::SUCCESS;
+        if !ok {
+            assert_eq!(o.data_transfer_length, 0, "a failed I/O moved data: {o:?}");
+        }
+        match (io.op, ok) {
+            (Op::Write, true) => sh.wrote(io.lba, &io.data),
+            (Op::Write, false) => sh.forget(io.lba, io.blocks),
+            (Op::Read, true) => {
+                let data = s.model.data(*id).unwrap();
+                sh.check_read(io.lba, &data, &format!("{io:?}"));
+            }
+            (Op::Read, false) => {}
+        }
+        let _ = s.model.release(*id);
+    }
+    by_status
+}
+
+/// Non-overlapping large I/O on `lun` (one stripe of `bytes` each).
+fn stripes(rng: &mut fastrand::Rng, sh: &ShadowDisk, lun: u8, n: usize, bytes: u32) -> Vec<Io> {
+    let blocks = bytes / sh.block_len();
+    (0..n)
+        .map(|i| {
+            let op = if i % 2 == 0 { Op::Write } else { Op::Read };
+            let data = if op == Op::Write {
+                let mut d = vec![0u8; bytes as usize];
+                rng.fill(&mut d);
+                d
+            } else {
+                Vec::new()
+            };
+            Io {
+                target: 0,
+                lun,
+                op,
+                lba: (i as u64 * u64::from(blocks)) % sh.blocks(),
+                blocks,
+                block_len: sh.block_len(),
+                shape: SgShape::Pages,
+                data,
+            }
+        })
+        .collect()
+}
+
+/// ABORT TASK of commands queued behind others, and a LUN RESET during
+/// I/O, through the StorPort model's SRB functions.
+fn tmf_phase(
+    s: &Interop,
+    shadows: &mut BTreeMap<u8, ShadowDisk>,
+    rec: &mut Record,
+    p: &Passive<'_>,
+) {
+    let mut rng = fastrand::Rng::with_seed(0x5eed_0002);
+    let sent_before = s.stats(p).tmfs_sent;
+    let timeouts_before = s.stats(p).tmf_timeouts;
+    // ABORT TASK: 12 MiB of writes and reads (512 KiB each) queued at once on the fileio
+    // LUN; the last four are aborted at once. The target is still busy
+    // with the first ones (under TCG by a wide margin), so the victims are
+    // still queued there; each abort must be answered and agree with its
+    // victim's outcome.
+    let mut aborted = 0;
+    let mut abort_failed = 0;
+    let (mut aborted_ops, mut late_ops) = (Vec::new(), Vec::new());
+    for round in 0..3 {
+        let ios = stripes(&mut rng, &shadows[&1], 1, 24, 512 << 10);
+        let ids = submit_all(s, &ios, p);
+        let victims: Vec<u32> = ids[20..].to_vec();
+        let aborts: Vec<u32> = victims
+            .iter()
+            .map(|v| s.submit(&RequestSpec::abort(Address::new(0, 0, 1), *v), p))
+            .collect();
+        let out = s.wait(&aborts, Duration::from_secs(120), p);
+        s.wait(&ids, Duration::from_secs(120), p);
+        for ((o, v), io) in out.iter().zip(&victims).zip(&ios[20..]) {
+            let victim = s.model.outcome(*v).unwrap();
+            match o.status.base() {
+                SrbStatus::SUCCESS => {
+                    aborted += 1;
+                    aborted_ops.push(io.op);
+                    assert_eq!(victim.status.base(), SrbStatus::ABORTED, "{victim:?}");
+                    assert_eq!(victim.data_transfer_length, 0, "{victim:?}");
+                }
+                SrbStatus::ABORT_FAILED => {
+                    abort_failed += 1;
+                    late_ops.push(io.op);
+                    // Too late: the victim finished on its own — or the
+                    // target took longer than the TMF timeout, and the
+                    // engine's escalation (a reconnect) reset it.
+                    let st = s.stats(p);
+                    let escalated = st.tmf_timeouts > timeouts_before
+                        && victim.status.base() == SrbStatus::BUS_RESET;
+                    assert!(
+                        victim.status.base() == SrbStatus::SUCCESS || escalated,
+                        "{victim:?} {st:?}"
+                    );
+                }
+                _ => panic!("abort: {o:?} (victim {victim:?})"),
+            }
+        }
+        let by_status = settle_into_shadows(s, &ios, &ids, shadows);
+        rec.note(format!("abort round {round}: outcomes {by_status:?}"));
+        if aborted > 0 {
+            break;
+        }
+    }
+    assert!(
+        aborted > 0,
+        "no abort found its command queued at the target"
+    );
+    let st = s.stats(p);
+    rec.note(format!(
+        "ABORT TASK: {aborted} aborted {aborted_ops:?}, {abort_failed} too late {late_ops:?}; TMFs sent {}, timed out {}",
+        st.tmfs_sent - sent_before,
+        st.tmf_timeouts - timeouts_before
+    ));
+
+    // LUN RESET during I/O on LUN 0: reported after every command of the
+    // LUN completed; they completed truthfully.
+    let ios = stripes(&mut rng, &shadows[&0], 0, 24, MIB);
+    let ids = submit_all(s, &ios, p);
+    std::thread::sleep(Duration::from_millis(20));
+    let reset = s.submit(
+        &RequestSpec::function(SrbFunction::ResetLogicalUnit, Address::new(0, 0, 0)),
+        p,
+    );
+    assert!(
+        wait_until(Duration::from_secs(120), || s.done(reset)),
+        "reset not done"
+    );
+    assert!(
+        ids.iter().all(|id| s.done(*id)),
+        "a LUN command outlived its reset"
+    );
+    let o = s.model.outcome(reset).unwrap();
+    assert_eq!(o.status.base(), SrbStatus::SUCCESS, "LUN reset: {o:?}");
+    let by_status = settle_into_shadows(s, &ios, &ids, shadows);
+    for st in by_status.keys() {
+        assert!(
+            [SrbStatus::SUCCESS, SrbStatus::BUS_RESET, SrbStatus::ABORTED].contains(st),
+            "after a LUN reset: {by_status:?}"
+        );
+    }
+    // The next command sees LIO's unit attention for the reset (or none);
+    // then the LUN works, and what it holds is what we know.
+    let (o, _, uas) = command_in_ua(s, 0, |s, l, p| s.read_capacity(l, p), p);
+    assert_eq!(o.status.base(), SrbStatus::SUCCESS, "{o:?}");
+    rec.note(format!(
+        "LUN RESET during {} I/Os: SUCCESS; I/O outcomes {by_status:?}; then unit attentions {uas:?}",
+        ios.len()
+    ));
+    verify_all(s, shadows, p);
+}
+
+/// Reads every LUN whole and checks it against the shadow (blocks of
+/// writes that failed are unknown, hence rewritten first).
+fn verify_all(s: &Interop, shadows: &mut BTreeMap<u8, ShadowDisk>, p: &Passive<'_>) {
+    let mut rng = fastrand::Rng::with_seed(0x5eed_0003);
+    let mut ios = Vec::new();
+    for (lun, sh) in shadows.iter() {
+        let per = MIB / sh.block_len();
+        for lba in (0..sh.blocks()).step_by(per as usize) {
+            let blocks = per.min(u32::try_from(sh.blocks() - lba).unwrap());
+            ios.push(Io {
+                target: 0,
+                lun: *lun,
+                op: Op::Read,
+                lba,
+                blocks,
+                block_len: sh.block_len(),
+                shape: SgShape::Contiguous,
+                data: Vec::new(),
+            });
+        }
+    }
+    let done = s.run_ios(&ios, 16, shadows, Duration::from_secs(300), p);
+    all_succeeded(&done, "verify");
+    // Rewrite what became unknown, so later phases check everything.
+    let mut rewrite = Vec::new();
+    for (lun, sh) in shadows.iter() {
+        if sh.all_known() {
+            continue;
+        }
+        let per = MIB / sh.block_len();
+        for lba in (0..sh.blocks()).step_by(per as usize) {
+            let blocks = per.min(u32::try_from(sh.blocks() - lba).unwrap());
+            let mut data = vec![0u8; (blocks * sh.block_len()) as usize];
+            rng.fill(&mut data);
+            rewrite.push(Io {
+                target: 0,
+                lun: *lun,
+                op: Op::Write,
+                lba,
+                blocks,
+                block_len: sh.block_len(),
+                shape: SgShape::Pages,
+                data,
+            });
+        }
+    }
+    let done = s.run_ios(&rewrite, 16, shadows, Duration::from_secs(300), p);
+    all_succeeded(&done, "rewrite");
+}
+
+/// The target drops the session: the TPG is disabled in configfs (srpt
+/// disconnects every channel of it and refuses logins until it is enabled
+/// again).
+fn reconnect_phase(
+    s: &Interop,
+    vm: &Vm,
+    tpg: &str,
+    shadows: &mut BTreeMap<u8, ShadowDisk>,
+    rec: &mut Record,
+    p: &Passive<'_>,
+) {
+    let mut rng = fastrand::Rng::with_seed(0x5eed_0004);
+    let before = s.stats(p);
+    // (a) A short outage with I/O in flight and I/O submitted during it:
+    // held, then completed after the reconnect.
+    let ios = stripes(&mut rng, &shadows[&0], 0, 16, 256 << 10);
+    let ids = submit_all(s, &ios, p);
+    let t = Instant::now();
+    exec(vm, &format!("echo 0 > {tpg}/enable"));
+    assert!(
+        wait_until(Duration::from_secs(30), || s.state() != TargetState::Live),
+        "the engine did not notice the target dropping the session"
+    );
+    let lost = t.elapsed();
+    let during = stripes(&mut rng, &shadows[&1], 1, 8, 64 << 10);
+    let during_ids = submit_all(s, &during, p);
+    std::thread::sleep(Duration::from_secs(3));
+    let held = during_ids.iter().filter(|id| !s.done(**id)).count();
+    exec(vm, &format!("echo 1 > {tpg}/enable"));
+    let t = Instant::now();
+    assert!(
+        s.wait_state(TargetState::Live, Duration::from_secs(60)),
+        "no reconnect: {:?}",
+        s.stats(p)
+    );
+    let back = t.elapsed();
+    s.wait(&ids, Duration::from_secs(120), p);
+    s.wait(&during_ids, Duration::from_secs(120), p);
+    let a = settle_into_shadows(s, &ios, &ids, shadows);
+    let b = settle_into_shadows(s, &during, &during_ids, shadows);
+    for st in a.keys().chain(b.keys()) {
+        assert!(
+            [
+                SrbStatus::SUCCESS,
+                SrbStatus::BUS_RESET,
+                SrbStatus::ABORTED,
+                SrbStatus::ERROR
+            ]
+            .contains(st),
+            "short outage: {a:?} {b:?}"
+        );
+    }
+    assert_eq!(
+        b.get(&SrbStatus::SUCCESS).copied().unwrap_or(0),
+        during.len(),
+        "I/O submitted during a short outage completes after the reconnect: {b:?}"
+    );
+    let st = s.stats(p);
+    assert!(st.logins > before.logins, "{st:?}");
+    assert!(st.transport_failures > before.transport_failures, "{st:?}");
+    rec.note(format!(
+        "TPG disabled: session lost after {:.2} s; {held} of {} I/Os held during the outage; reconnected {:.2} s after re-enable; in flight {a:?}, during {b:?}; failure code {:#x}",
+        lost.as_secs_f64(),
+        during.len(),
+        back.as_secs_f64(),
+        st.last_transport_failure
+    ));
+
+    // (b) An outage past fast_io_fail_tmo: held I/O fails fast, truthfully.
+    exec(vm, &format!("echo 0 > {tpg}/enable"));
+    assert!(wait_until(Duration::from_secs(30), || s.state() != TargetState::Live));
+    let during = stripes(&mut rng, &shadows[&1], 1, 8, 64 << 10);
+    let during_ids = submit_all(s, &during, p);
+    let t = Instant::now();
+    s.wait(&during_ids, Duration::from_secs(60), p);
+    let failed_after = t.elapsed();
+    let b = settle_into_shadows(s, &during, &during_ids, shadows);
+    assert_eq!(
+        b.get(&SrbStatus::SUCCESS),
+        None,
+        "success while the target is gone: {b:?}"
+    );
+    exec(vm, &format!("echo 1 > {tpg}/enable"));
+    assert!(
+        s.wait_state(TargetState::Live, Duration::from_secs(60)),
+        "no reconnect after fail-fast: {:?}",
+        s.stats(p)
+    );
+    rec.note(format!(
+        "TPG disabled past fast_io_fail_tmo: I/O failed after {:.1} s with {b:?}; reconnected",
+        failed_after.as_secs_f64()
+    ));
+    // I/O resumes, and the data is what we know.
+    verify_all(s, shadows, p);
+    let ios: Vec<Io> = (0..64)
+        .flat_map(|i| {
+            let lun = u8::try_from(i % 2).unwrap();
+            let sh = &shadows[&lun];
+            workload(
+                &mut rng,
+                1,
+                lun,
+                sh.block_len(),
+                sh.blocks(),
+                512,
+                256 << 10,
+                0.5,
+            )
+        })
+        .collect();
+    let done = s.run_ios(&ios, 16, shadows, Duration::from_secs(300), p);
+    all_succeeded(&done, "after reconnect");
+}
