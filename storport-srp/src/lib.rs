@@ -19,6 +19,7 @@
 extern crate alloc;
 
 pub mod iscsi;
+pub mod iser;
 pub mod miniport;
 #[cfg(feature = "nt")]
 pub mod nt;

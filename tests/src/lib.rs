@@ -25,6 +25,7 @@
 //! and no verifier violation.
 
 pub mod interop;
+pub mod iser;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -852,6 +853,18 @@ impl Io {
     /// The request for it.
     #[must_use]
     pub fn spec(&self, _stack: &Stack) -> RequestSpec {
+        self.request()
+    }
+
+    /// Whether two I/Os touch the same blocks.
+    #[must_use]
+    pub fn overlaps_with(&self, other: &Io) -> bool {
+        self.overlaps(other)
+    }
+
+    /// The request for it, on any transport's stack.
+    #[must_use]
+    pub fn request(&self) -> RequestSpec {
         let address = Address::new(0, self.target, self.lun);
         match self.op {
             Op::Read => RequestSpec::scsi_in(

@@ -3,6 +3,7 @@
 
 pub mod bench;
 pub mod iscsi_target;
+pub mod iser_target;
 pub mod ntbuild;
 pub mod scsi_target;
 pub mod srp_target;

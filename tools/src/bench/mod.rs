@@ -17,12 +17,14 @@
 //! What the I/O goes through is a [`backend::Backend`]: the StorPort model
 //! driving the miniport core over a transport ([`model`]) — the SRP engine
 //! over the software HCAs to the software SRP target ([`srp`], the full
-//! stack), or the in-process loopback transport ([`loopback`]: the model
+//! stack), the iSER engine to the software iSER target ([`iser`], the full
+//! stack over iSER), or the in-process loopback transport ([`loopback`]: the model
 //! and the core alone) — or the plain RAM backend ([`ram`], the engine's
 //! ceiling).
 
 pub mod backend;
 pub mod engine;
+pub mod iser;
 pub mod loopback;
 pub mod model;
 pub mod plot;

@@ -15,6 +15,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use kverbs_tools::bench::engine::{
     CancelToken, Observer, Phase, RunConfig, SuiteResult, run_suite,
 };
+use kverbs_tools::bench::iser::{IserMiniport, IserOptions, iser_backend};
 use kverbs_tools::bench::model::{
     LoopbackMiniport, LoopbackOptions, ModelBackend, loopback_backend,
 };
@@ -40,7 +41,9 @@ enum TransportKind {
     Loopback,
     /// In-process byte arrays, no initiator stack (the engine's ceiling).
     Ram,
-    /// iSER (not available yet).
+    /// The full iSER stack: StorPort model -> miniport -> iSER engine ->
+    /// kverbs -> software HCA <-> software HCA -> software iSER target
+    /// (buffers must be contiguous or pages: one MR each).
     Iser,
     /// The Linux kernel's targets in the qemu VM (not available yet).
     LinuxVm,
@@ -210,11 +213,13 @@ struct Args {
     channels: u32,
 
     /// SRP: commands per channel (`queue_size`); default the engine's.
+    /// iSER: commands per session (`cmds_max`, the target's window);
+    /// default 128.
     #[arg(long, value_parser = clap::value_parser!(u32).range(2..=4096))]
     queue_size: Option<u32>,
 
-    /// SRP: do not ask for immediate data (every write is fetched by RDMA
-    /// READ).
+    /// SRP, iSER: do not ask for immediate data (every write is fetched
+    /// by RDMA READ).
     #[arg(long)]
     no_immediate: bool,
 
@@ -357,6 +362,7 @@ enum Built {
     Boxed(Box<dyn Backend>),
     Loopback(ModelBackend<LoopbackMiniport>),
     Srp(ModelBackend<SrpMiniport>),
+    Iser(ModelBackend<IserMiniport>),
 }
 
 impl Built {
@@ -365,6 +371,7 @@ impl Built {
             Self::Boxed(b) => b.as_ref(),
             Self::Loopback(b) => b,
             Self::Srp(b) => b,
+            Self::Iser(b) => b,
         }
     }
 
@@ -374,6 +381,7 @@ impl Built {
             Self::Boxed(_) => Vec::new(),
             Self::Loopback(b) => b.finish(),
             Self::Srp(b) => b.finish(),
+            Self::Iser(b) => b.finish(),
         }
     }
 }
@@ -404,7 +412,19 @@ fn build(args: &Args) -> Result<Built, String> {
                 .map_err(|e| format!("cannot build the SRP stack: {e}"))
         }
         TransportKind::Iser => {
-            Err("the iSER transport does not exist yet; use --transport loopback or ram".into())
+            let options = IserOptions {
+                targets: args.targets,
+                luns: args.luns,
+                lun_bytes: args.lun_size,
+                block_size,
+                sg_shape,
+                processors: args.processors,
+                queue_depth: args.queue_size,
+                immediate_data: !args.no_immediate,
+            };
+            iser_backend(&options)
+                .map(Built::Iser)
+                .map_err(|e| format!("cannot build the iSER stack: {e}"))
         }
         TransportKind::LinuxVm => Err(
             "running against the Linux targets in the VM (kv-vm) is not wired into kvbench yet; \
