@@ -8,7 +8,7 @@
 #
 # Unlike step 58 (SRP), kvbench must exit 0 here: any failed or lost I/O
 # or broken stack contract over iSER fails the step.
-KV_ISER_FAULT_SEEDS=4 KV_ISER_FAULT_IOS=300 timeout 900 \
+KV_ISER_FAULT_SEEDS=3 KV_ISER_FAULT_IOS=300 timeout 900 \
     cargo test -q -p kverbs-tests --test iser_faults -- \
     packet_loss reordering
 KV_ISER_SWEEP=600 timeout 600 cargo test -q -p kverbs-tests --test iser_data
