@@ -1,0 +1,472 @@
+//! Interop through the whole initiator over iSER: the host StorPort model →
+//! the miniport core → the iSER engine → kverbs → the software HCA on the
+//! RoCEv2 link → `rdma_rxe` → LIO's iSCSI target over `ib_isert` in the
+//! target VM. One VM boot (iSER portal only); the phases run in order,
+//! each printing what it did:
+//!
+//! 1. iSER connect (RDMA/CM with the iSER CM header) and the full iSCSI
+//!    login, from the node record built from the VM's `TargetInfo`; LIO
+//!    must list our initiator among the TPG's sessions;
+//! 2. INQUIRY (standard and VPD 0x80) and READ CAPACITY on both LUNs, with
+//!    LIO's unit attentions answered as the class driver would;
+//! 3. data-verified reads and writes: every block of both LUNs written and
+//!    read back with 1 MiB I/Os, then random I/Os of 512 B to 1 MiB at
+//!    queue depths 1, 4 and 16 (`VM_ISER_IOS` scales them), and the fileio
+//!    LUN's backing file hashed in the VM against what we wrote;
+//! 4. orderly logout (adapter stop: iSCSI Logout, then disconnect), after
+//!    which LIO lists no session, and a teardown that checks every request
+//!    completed exactly once.
+//!
+//! The link's pcap is kept in the VM's run directory when the run fails
+//! (its path printed). Behind the `vm-tests` feature; no CI step yet. It
+//! skips (loudly) only when the VM cannot be prepared here, and never under
+//! CI.
+
+use std::collections::BTreeMap;
+use std::io::Write as _;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kverbs::irql::Passive;
+use kverbs::platform::host::VerifierAllocator;
+use kverbs_tests::interop::{
+    Interop, InteropConfig, LinkWire, PcapGuard, ShadowDisk, interop_platform, wait_until,
+    workload,
+};
+use kverbs_tests::iser::INITIATOR_NAME;
+use kverbs_tests::{Io, IoDone, Op, env_count};
+use kverbs_tools::vm::{PrepareOptions, Prepared, Vm, VmConfig, VmError, WorkDir, prepare};
+use md5::Digest as _;
+use storport_srp::iser::IserTransport;
+use storport_srp::scsi::sense::{AdditionalSense, SenseKey, SenseRepr};
+use storport_srp::storport::SrbStatus;
+use storport_srp::storport::host::{RequestOutcome, SgShape};
+
+#[global_allocator]
+static ALLOCATOR: VerifierAllocator = VerifierAllocator;
+
+const MIB: u32 = 1 << 20;
+
+/// The stack with the iSER engine.
+type IserInterop = Interop<IserTransport<kverbs_tests::Hp>>;
+
+fn prepared_or_skip(test: &str) -> Option<Prepared> {
+    let options = PrepareOptions {
+        verbose: true,
+        ..PrepareOptions::default()
+    };
+    match prepare(&WorkDir::default(), &options) {
+        Ok(prepared) => Some(prepared),
+        Err(e @ VmError::PackagesMissing { .. }) if std::env::var_os("CI").is_none() => {
+            let _ = writeln!(
+                std::io::stderr(),
+                "\n################################################################\n\
+                 ## SKIPPING {test}: the Linux target VM cannot be prepared here.\n\
+                 ## {e}\n\
+                 ## (Under CI this is a failure, not a skip.)\n\
+                 ################################################################\n"
+            );
+            None
+        }
+        Err(e) => panic!("preparing the VM failed: {e}"),
+    }
+}
+
+fn exec(vm: &Vm, cmd: &str) -> String {
+    match vm.exec_ok(cmd) {
+        Ok(out) => out,
+        Err(e) => panic!("{e}"),
+    }
+}
+
+/// The kernel log lines of the iSCSI target and isert (the evidence when
+/// something fails).
+fn target_log(vm: &Vm) -> String {
+    exec(
+        vm,
+        "dmesg | grep -i -E 'isert|iscsi|rxe|target' | tail -40 || true",
+    )
+}
+
+/// The sense of a CHECK CONDITION, decoded.
+fn sense_of(o: &RequestOutcome) -> Option<SenseRepr> {
+    (o.scsi_status == 0x02)
+        .then(|| SenseRepr::parse(&o.sense).ok())
+        .flatten()
+}
+
+/// Issues a data-in command, retrying on UNIT ATTENTION as the class
+/// driver does; returns the outcome, the data and the unit attentions
+/// seen on the way.
+fn command_in_ua(
+    s: &IserInterop,
+    lun: u8,
+    f: impl Fn(&IserInterop, u8, &Passive<'_>) -> (RequestOutcome, Vec<u8>),
+    p: &Passive<'_>,
+) -> (RequestOutcome, Vec<u8>, Vec<AdditionalSense>) {
+    let mut uas = Vec::new();
+    for _ in 0..4 {
+        let (o, data) = f(s, lun, p);
+        match sense_of(&o) {
+            Some(sense) if sense.key == SenseKey::UnitAttention => uas.push(sense.code),
+            _ => return (o, data, uas),
+        }
+    }
+    panic!("LUN {lun}: unit attention after unit attention: {uas:?}");
+}
+
+struct Record {
+    lines: Vec<String>,
+}
+
+impl Record {
+    fn note(&mut self, line: String) {
+        eprintln!("[iser-interop] {line}");
+        self.lines.push(line);
+    }
+}
+
+#[test]
+fn iser_through_the_miniport_against_linux_isert() {
+    let Some(prepared) = prepared_or_skip("iser_through_the_miniport_against_linux_isert") else {
+        return;
+    };
+    // Two 16 MiB LUNs (a RAM disk and a file), the iSER portal only.
+    let lun = |backstore| kverbs_tools::vm::LunConfig {
+        backstore,
+        size_mib: 16,
+        block_size: 512,
+    };
+    let mut config = VmConfig {
+        instance: "iser-interop".to_owned(),
+        luns: vec![
+            lun(kverbs_tools::vm::Backstore::RdMcp),
+            lun(kverbs_tools::vm::Backstore::Fileio),
+        ],
+        ..VmConfig::default()
+    };
+    config.srpt.enabled = false;
+    // Rejected logins and isert's own messages reach the console log.
+    config.machine.console_loglevel = 7;
+    let t0 = Instant::now();
+    let mut vm = Vm::boot(&config, &prepared).unwrap_or_else(|e| panic!("{e}"));
+    let info = vm.info().clone();
+    let mut rec = Record { lines: Vec::new() };
+    rec.note(format!(
+        "VM: kernel {} ({}), ready after {:.1} s",
+        info.kernel_release, info.kernel_package, info.boot_secs
+    ));
+    let iser = info.iser.clone().expect("iSER enabled");
+    let tpg = format!("/sys/kernel/config/target/iscsi/{}/tpgt_1", iser.target_iqn);
+    let pcap = vm.paths().dir.join("iser-interop.pcap");
+    let mut guard = PcapGuard::new(pcap.clone());
+    let wire = Arc::new(LinkWire::new(vm.take_link().expect("the link socket")));
+
+    let platform = interop_platform();
+    let iconfig = InteropConfig {
+        keys: "node.session.cmds_max = 64\nnode.session.queue_depth = 32".to_owned(),
+        pcap: Some(pcap.clone()),
+        ..InteropConfig::default()
+    };
+    let stack = platform.run_passive(|p| {
+        let s = match IserInterop::start_iser(platform.clone(), &info, wire.clone(), &iconfig, p)
+        {
+            Ok(s) => s,
+            Err(e) => panic!(
+                "iSER login through the miniport: {}\nLIO:\n{}",
+                e.0,
+                target_log(&vm)
+            ),
+        };
+        // ------------------------------------------------------------
+        // 1. Connect and login.
+        let st = s.stats(p);
+        assert_eq!((st.logins, st.login_failures), (1, 0), "{st:?}");
+        let neg = s.transport().negotiated(0, p);
+        rec.note(format!(
+            "login: live after {} connect attempt(s), remote invalidation {}, negotiated {neg:?}",
+            st.connect_attempts, st.remote_invalidate
+        ));
+        let sessions = exec(&vm, &format!("cat {tpg}/dynamic_sessions"));
+        assert!(
+            sessions.contains(INITIATOR_NAME),
+            "LIO lists no session of {INITIATOR_NAME}: {sessions:?}\n{}",
+            target_log(&vm)
+        );
+        rec.note(format!("LIO sessions: {}", sessions.trim()));
+
+        // ------------------------------------------------------------
+        // 2. INQUIRY, VPD 0x80, READ CAPACITY.
+        let mut shadows = BTreeMap::new();
+        for lun in &info.luns {
+            let l = u8::try_from(lun.lun).unwrap();
+            let (o, data, uas) = command_in_ua(&s, l, |s, l, p| s.inquiry(l, p), p);
+            assert!(
+                matches!(o.status.base(), SrbStatus::SUCCESS | SrbStatus::DATA_OVERRUN),
+                "INQUIRY LUN {l}: {o:?}"
+            );
+            assert!(data.len() >= 36, "{data:?}");
+            assert_eq!(data[0] & 0x1f, 0, "direct access block device");
+            let vendor = String::from_utf8_lossy(&data[8..16]).trim().to_owned();
+            let product = String::from_utf8_lossy(&data[16..32]).trim().to_owned();
+            assert_eq!(vendor, "LIO-ORG");
+            let want = match lun.backstore {
+                kverbs_tools::vm::Backstore::RdMcp => "RAMDISK-MCP",
+                kverbs_tools::vm::Backstore::Fileio => "FILEIO",
+            };
+            assert!(product.starts_with(want), "LUN {l}: product {product:?}");
+            let (o, vpd, _) = command_in_ua(&s, l, |s, l, p| s.inquiry_vpd(l, 0x80, p), p);
+            assert!(
+                matches!(o.status.base(), SrbStatus::SUCCESS | SrbStatus::DATA_OVERRUN),
+                "VPD 0x80 LUN {l}: {o:?}"
+            );
+            let serial = String::from_utf8_lossy(&vpd[4..])
+                .trim_end_matches('\0')
+                .trim()
+                .to_owned();
+            assert_eq!(serial, lun.unit_serial, "LUN {l}");
+            let (o, cap, uas2) = command_in_ua(&s, l, |s, l, p| s.read_capacity(l, p), p);
+            assert_eq!(
+                o.status.base(),
+                SrbStatus::SUCCESS,
+                "READ CAPACITY LUN {l}: {o:?}"
+            );
+            let last = u64::from_be_bytes(cap[0..8].try_into().unwrap());
+            let block = u32::from_be_bytes(cap[8..12].try_into().unwrap());
+            assert_eq!(block, lun.block_size, "LUN {l}");
+            assert_eq!((last + 1) * u64::from(block), lun.size_bytes, "LUN {l}");
+            rec.note(format!(
+                "LUN {l}: {vendor} {product}, serial {serial}, {} x {block} B, unit attentions {:?}",
+                last + 1,
+                [uas, uas2].concat()
+            ));
+            shadows.insert(l, ShadowDisk::new(block, last + 1));
+        }
+
+        // ------------------------------------------------------------
+        // 3. Data.
+        data_phase(&s, &vm, &info, &mut shadows, &mut rec, p);
+
+        // ------------------------------------------------------------
+        // 4. Orderly logout.
+        let before = s.stats(p);
+        let t = Instant::now();
+        s.stop(p);
+        let st = s.stats(p);
+        assert_eq!(st.transport_failures, before.transport_failures, "{st:?}");
+        rec.note(format!(
+            "logout: adapter stopped in {:.2} s; engine {st:?}",
+            t.elapsed().as_secs_f64()
+        ));
+        let gone = wait_until(Duration::from_secs(30), || {
+            !exec(&vm, &format!("cat {tpg}/dynamic_sessions")).contains(INITIATOR_NAME)
+        });
+        assert!(
+            gone,
+            "LIO still lists our session after the logout\n{}",
+            target_log(&vm)
+        );
+        let link = s.link_stats().expect("link stats");
+        assert_eq!(link.rx_bad_icrc + link.rx_malformed, 0, "{link:?}");
+        rec.note(format!("link: {link:?}"));
+        s
+    });
+    platform.run_passive(|p| stack.finish(p));
+    // The VM saw nothing wrong from us.
+    let dmesg = exec(&vm, "dmesg");
+    for bad in ["ICRC", "icrc", "rxe: bad", "BUG", "WARNING", "Unknown iSER"] {
+        assert!(
+            !dmesg.contains(bad),
+            "kernel log mentions {bad:?}:\n{dmesg}"
+        );
+    }
+    rec.note(format!("total {:.1} s", t0.elapsed().as_secs_f64()));
+    eprintln!("\n[iser-interop] summary:");
+    for l in &rec.lines {
+        eprintln!("  {l}");
+    }
+    guard.passed();
+    drop(guard);
+    vm.shutdown();
+}
+
+/// Every block of every LUN written (1 MiB writes) and read back, then
+/// random I/O over sizes and depths, then the fileio backing file hashed in
+/// the VM against the shadow.
+fn data_phase(
+    s: &IserInterop,
+    vm: &Vm,
+    info: &kverbs_tools::vm::TargetInfo,
+    shadows: &mut BTreeMap<u8, ShadowDisk>,
+    rec: &mut Record,
+    p: &Passive<'_>,
+) {
+    let mut rng = fastrand::Rng::with_seed(0x15e4_0001);
+    // First light: one of each size class alone, so a failure names the
+    // smallest case.
+    for (lun, sh) in shadows.iter_mut() {
+        for bytes in [512u32, 4096, 65536, MIB] {
+            let blocks = bytes / sh.block_len();
+            let mut data = vec![0u8; bytes as usize];
+            rng.fill(&mut data);
+            let write = Io {
+                target: 0,
+                lun: *lun,
+                op: Op::Write,
+                lba: 0,
+                blocks,
+                block_len: sh.block_len(),
+                shape: SgShape::Contiguous,
+                data,
+            };
+            let read = Io {
+                op: Op::Read,
+                data: Vec::new(),
+                ..write.clone()
+            };
+            let mut one = BTreeMap::from([(*lun, sh.clone())]);
+            let done = s.run_ios(&[write], 1, &mut one, Duration::from_secs(60), p);
+            all_succeeded(&done, &format!("LUN {lun}: first write of {bytes} B"));
+            let done = s.run_ios(&[read], 1, &mut one, Duration::from_secs(60), p);
+            all_succeeded(&done, &format!("LUN {lun}: first read of {bytes} B"));
+            if let Some(updated) = one.remove(lun) {
+                *sh = updated;
+            }
+        }
+    }
+    rec.note("first light: 512 B, 4 KiB, 64 KiB, 1 MiB written and read back on each LUN".into());
+
+    let t = Instant::now();
+    let mut fill = Vec::new();
+    let mut read_all = Vec::new();
+    for (lun, sh) in shadows.iter() {
+        let per = MIB / sh.block_len();
+        for lba in (0..sh.blocks()).step_by(per as usize) {
+            let blocks = per.min(u32::try_from(sh.blocks() - lba).unwrap());
+            let mut data = vec![0u8; (blocks * sh.block_len()) as usize];
+            rng.fill(&mut data);
+            let io = Io {
+                target: 0,
+                lun: *lun,
+                op: Op::Write,
+                lba,
+                blocks,
+                block_len: sh.block_len(),
+                shape: SgShape::Pages,
+                data,
+            };
+            read_all.push(Io {
+                op: Op::Read,
+                data: Vec::new(),
+                shape: SgShape::Pages,
+                ..io.clone()
+            });
+            fill.push(io);
+        }
+    }
+    let bytes: u64 = fill
+        .iter()
+        .map(|io| u64::from(io.blocks * io.block_len))
+        .sum();
+    let done = s.run_ios(&fill, 8, shadows, Duration::from_secs(300), p);
+    all_succeeded(&done, "fill");
+    let done = s.run_ios(&read_all, 8, shadows, Duration::from_secs(300), p);
+    all_succeeded(&done, "read back");
+    assert!(shadows.values().all(ShadowDisk::all_known));
+    let secs = t.elapsed().as_secs_f64();
+    rec.note(format!(
+        "fill + read back: {} I/Os of 1 MiB at depth 8, {:.0} MiB in {secs:.1} s ({:.1} MiB/s)",
+        fill.len() + read_all.len(),
+        2.0 * bytes as f64 / f64::from(MIB),
+        2.0 * bytes as f64 / f64::from(MIB) / secs
+    ));
+
+    // Random I/O: log-uniform 512 B..1 MiB at each depth. iSER has one
+    // STag per direction, so only buffers one MR maps (contiguous or
+    // per page) are used; `Odd` shapes would be refused as unsupported.
+    let total = env_count("VM_ISER_IOS", 600);
+    let depths = [1usize, 4, 16];
+    for depth in depths {
+        let n = total / depths.len();
+        let mut ios = Vec::new();
+        for i in 0..n {
+            let lun = u8::try_from(i % 2).unwrap();
+            let sh = &shadows[&lun];
+            ios.extend(workload(
+                &mut rng,
+                1,
+                lun,
+                sh.block_len(),
+                sh.blocks(),
+                512,
+                MIB,
+                0.5,
+            ));
+        }
+        for io in &mut ios {
+            if matches!(io.shape, SgShape::Odd { .. }) {
+                io.shape = SgShape::Pages;
+            }
+        }
+        let t = Instant::now();
+        let done = s.run_ios(&ios, depth, shadows, Duration::from_secs(240), p);
+        all_succeeded(&done, &format!("depth {depth}"));
+        let secs = t.elapsed().as_secs_f64();
+        let bytes: u64 = ios
+            .iter()
+            .map(|io| u64::from(io.blocks * io.block_len))
+            .sum();
+        let sizes = ios.iter().map(|io| io.blocks * io.block_len);
+        let (small, large) = (sizes.clone().min().unwrap_or(0), sizes.max().unwrap_or(0));
+        rec.note(format!(
+            "depth {depth}: {n} I/Os ({} reads), {small} B..{large} B, {:.1} MiB in {secs:.1} s ({:.0} IOPS, {:.1} MiB/s)",
+            ios.iter().filter(|io| io.op == Op::Read).count(),
+            bytes as f64 / f64::from(MIB),
+            n as f64 / secs,
+            bytes as f64 / f64::from(MIB) / secs
+        ));
+    }
+    let st = s.stats(p);
+    assert_eq!(st.transport_failures, 0, "{st:?}");
+    assert_eq!(st.unmappable, 0, "{st:?}");
+    rec.note(format!(
+        "engine: {} completed, {} immediate writes, {} Data-Out PDUs, {} remote / {} local invalidations, busy {}",
+        st.completed,
+        st.immediate_writes,
+        st.data_out_pdus,
+        st.remote_invalidations,
+        st.local_invalidations,
+        st.busy
+    ));
+
+    // The fileio LUN's backing file, hashed in the VM.
+    for lun in info
+        .luns
+        .iter()
+        .filter(|l| l.backstore == kverbs_tools::vm::Backstore::Fileio)
+    {
+        let l = u8::try_from(lun.lun).unwrap();
+        let sh = &shadows[&l];
+        assert!(sh.all_known());
+        let out = exec(vm, &format!("md5sum /run/kvvm/lun{l}.img"));
+        let theirs = out.split_whitespace().next().unwrap_or("").to_owned();
+        let ours: String = md5::Md5::digest(sh.image())
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        assert_eq!(
+            theirs, ours,
+            "LUN {l}: the backing file is not what we wrote"
+        );
+        rec.note(format!(
+            "LUN {l}: backing file md5 {theirs} matches the shadow"
+        ));
+    }
+}
+
+fn all_succeeded(done: &[IoDone], what: &str) {
+    for d in done {
+        assert_eq!(d.outcome.status.base(), SrbStatus::SUCCESS, "{what}: {d:?}");
+        assert_eq!(d.outcome.completions, 1, "{what}: {d:?}");
+    }
+}
