@@ -15,7 +15,12 @@
 //!    LUN's backing file hashed in the VM against what we wrote;
 //! 4. orderly logout (adapter stop: iSCSI Logout, then disconnect), after
 //!    which LIO lists no session, and a teardown that checks every request
-//!    completed exactly once.
+//!    completed exactly once;
+//! 5. a new session (same ISID, a fresh login after the logout) with
+//!    `InitialR2T=No` (LIO is booted offering it; the first session kept
+//!    the initiator's `Yes`): writes carry immediate data and unsolicited
+//!    Data-Out PDUs up to the first burst, the rest fetched by RDMA READ
+//!    from the VA past them; everything read back and checked, logout.
 //!
 //! The link's pcap is kept in the VM's run directory when the run fails
 //! (its path printed). Behind the `vm-tests` feature; no CI step yet. It
@@ -46,6 +51,9 @@ use storport_srp::storport::host::{RequestOutcome, SgShape};
 static ALLOCATOR: VerifierAllocator = VerifierAllocator;
 
 const MIB: u32 = 1 << 20;
+
+/// The node record's queue keys for every session.
+const QUEUE_KEYS: &str = "node.session.cmds_max = 64\nnode.session.queue_depth = 32";
 
 /// The stack with the iSER engine.
 type IserInterop = Interop<IserTransport<kverbs_tests::Hp>>;
@@ -146,6 +154,12 @@ fn iser_through_the_miniport_against_linux_isert() {
         ..VmConfig::default()
     };
     config.srpt.enabled = false;
+    // LIO offers InitialR2T=No (BOOL_OR: a session is "No" only when the
+    // initiator asks for it too: phase 1 asks "Yes", phase 5 "No").
+    config
+        .iser
+        .parameters
+        .insert("InitialR2T".to_owned(), "No".to_owned());
     // Rejected logins and isert's own messages reach the console log.
     config.machine.console_loglevel = 7;
     let t0 = Instant::now();
@@ -164,7 +178,7 @@ fn iser_through_the_miniport_against_linux_isert() {
 
     let platform = interop_platform();
     let iconfig = InteropConfig {
-        keys: "node.session.cmds_max = 64\nnode.session.queue_depth = 32".to_owned(),
+        keys: format!("{QUEUE_KEYS}\nnode.session.iscsi.InitialR2T = Yes"),
         pcap: Some(pcap.clone()),
         ..InteropConfig::default()
     };
@@ -183,6 +197,10 @@ fn iser_through_the_miniport_against_linux_isert() {
         let st = s.stats(p);
         assert_eq!((st.logins, st.login_failures), (1, 0), "{st:?}");
         let neg = s.transport().negotiated(0, p);
+        assert!(
+            neg.is_some_and(|n| n.initial_r2t && n.immediate_data),
+            "{neg:?}"
+        );
         rec.note(format!(
             "login: live after {} connect attempt(s), remote invalidation {}, negotiated {neg:?}",
             st.connect_attempts, st.remote_invalidate
@@ -205,6 +223,7 @@ fn iser_through_the_miniport_against_linux_isert() {
                 matches!(o.status.base(), SrbStatus::SUCCESS | SrbStatus::DATA_OVERRUN),
                 "INQUIRY LUN {l}: {o:?}"
             );
+            assert!(uas.is_empty(), "INQUIRY reports no unit attention: {uas:?}");
             assert!(data.len() >= 36, "{data:?}");
             assert_eq!(data[0] & 0x1f, 0, "direct access block device");
             let vendor = String::from_utf8_lossy(&data[8..16]).trim().to_owned();
@@ -236,9 +255,8 @@ fn iser_through_the_miniport_against_linux_isert() {
             assert_eq!(block, lun.block_size, "LUN {l}");
             assert_eq!((last + 1) * u64::from(block), lun.size_bytes, "LUN {l}");
             rec.note(format!(
-                "LUN {l}: {vendor} {product}, serial {serial}, {} x {block} B, unit attentions {:?}",
+                "LUN {l}: {vendor} {product}, serial {serial}, {} x {block} B, unit attentions {uas2:?}",
                 last + 1,
-                [uas, uas2].concat()
             ));
             shadows.insert(l, ShadowDisk::new(block, last + 1));
         }
@@ -269,9 +287,112 @@ fn iser_through_the_miniport_against_linux_isert() {
         let link = s.link_stats().expect("link stats");
         assert_eq!(link.rx_bad_icrc + link.rx_malformed, 0, "{link:?}");
         rec.note(format!("link: {link:?}"));
+        (s, shadows)
+    });
+    let (stack, mut shadows) = stack;
+    platform.run_passive(|p| stack.finish(p));
+
+    // ----------------------------------------------------------------
+    // 5. A new session with InitialR2T=No: unsolicited Data-Out.
+    let pcap2 = vm.paths().dir.join("iser-interop-unsolicited.pcap");
+    let mut guard2 = PcapGuard::new(pcap2.clone());
+    let platform = interop_platform();
+    let config2 = InteropConfig {
+        keys: format!(
+            "{QUEUE_KEYS}\nnode.session.iscsi.InitialR2T = No\nnode.session.iscsi.ImmediateData = Yes"
+        ),
+        pcap: Some(pcap2),
+        ..iconfig.clone()
+    };
+    let stack = platform.run_passive(|p| {
+        let s = match IserInterop::start_iser(platform.clone(), &info, wire.clone(), &config2, p) {
+            Ok(s) => s,
+            Err(e) => panic!(
+                "second iSER login: {}\nLIO:\n{}",
+                e.0,
+                target_log(&vm)
+            ),
+        };
+        let neg = s.transport().negotiated(0, p).expect("negotiated");
+        assert!(!neg.initial_r2t && neg.immediate_data, "{neg:?}");
+        let mut uas = Vec::new();
+        for l in 0..2u8 {
+            let (o, _, ua) = command_in_ua(&s, l, |s, l, p| s.read_capacity(l, p), p);
+            assert_eq!(o.status.base(), SrbStatus::SUCCESS, "{o:?}");
+            uas.extend(ua);
+        }
+        // What the first session wrote is still there (a sample of each
+        // LUN, read through the new session).
+        let mut rng = fastrand::Rng::with_seed(0x15e4_0005);
+        let mut ios = Vec::new();
+        for i in 0..64 {
+            let lun = u8::try_from(i % 2).unwrap();
+            let sh = &shadows[&lun];
+            ios.extend(workload(&mut rng, 1, lun, 512, sh.blocks(), 512, 256 << 10, 1.0));
+        }
+        // Then writes of every size class around the burst limits (one
+        // PDU of immediate data, several Data-Out PDUs, past the first
+        // burst), then a random mix, all read back.
+        for bytes in [512u32, 4096, 8192, 12288, 16384, 20480, 65536, MIB] {
+            for lun in 0..2u8 {
+                let mut data = vec![0u8; bytes as usize];
+                rng.fill(&mut data);
+                ios.push(Io {
+                    target: 0,
+                    lun,
+                    op: Op::Write,
+                    lba: u64::from(bytes / 512) * 7,
+                    blocks: bytes / 512,
+                    block_len: 512,
+                    shape: SgShape::Pages,
+                    data,
+                });
+            }
+        }
+        let n = env_count("VM_ISER_UNSOLICITED_IOS", 300);
+        for i in 0..n {
+            let lun = u8::try_from(i % 2).unwrap();
+            let sh = &shadows[&lun];
+            ios.extend(workload(&mut rng, 1, lun, 512, sh.blocks(), 512, 128 << 10, 0.4));
+        }
+        for io in &mut ios {
+            if matches!(io.shape, SgShape::Odd { .. }) {
+                io.shape = SgShape::Contiguous;
+            }
+        }
+        let reads: Vec<Io> = ios
+            .iter()
+            .filter(|io| io.op == Op::Write)
+            .map(|io| Io {
+                op: Op::Read,
+                data: Vec::new(),
+                ..io.clone()
+            })
+            .collect();
+        let before = s.stats(p);
+        let t = Instant::now();
+        let done = s.run_ios(&ios, 16, &mut shadows, Duration::from_secs(300), p);
+        all_succeeded(&done, "InitialR2T=No");
+        let done = s.run_ios(&reads, 16, &mut shadows, Duration::from_secs(300), p);
+        all_succeeded(&done, "InitialR2T=No read back");
+        let st = s.stats(p);
+        assert_eq!((st.logins, st.transport_failures), (1, 0), "{st:?}");
+        assert!(st.immediate_writes > before.immediate_writes, "{st:?}");
+        assert!(st.data_out_pdus > before.data_out_pdus, "{st:?}");
+        rec.note(format!(
+            "InitialR2T=No session: unit attentions {uas:?}; {} I/Os + {} reads back at depth 16 in {:.1} s; \
+             {} immediate writes, {} Data-Out PDUs",
+            ios.len(),
+            reads.len(),
+            t.elapsed().as_secs_f64(),
+            st.immediate_writes,
+            st.data_out_pdus
+        ));
+        s.stop(p);
         s
     });
     platform.run_passive(|p| stack.finish(p));
+    guard2.passed();
     // The VM saw nothing wrong from us.
     let dmesg = exec(&vm, "dmesg");
     for bad in ["ICRC", "icrc", "rxe: bad", "BUG", "WARNING", "Unknown iSER"] {
@@ -429,6 +550,9 @@ fn data_phase(
     let st = s.stats(p);
     assert_eq!(st.transport_failures, 0, "{st:?}");
     assert_eq!(st.unmappable, 0, "{st:?}");
+    // InitialR2T=Yes: only immediate data is unsolicited.
+    assert_eq!(st.data_out_pdus, 0, "{st:?}");
+    assert!(st.immediate_writes > 0, "{st:?}");
     rec.note(format!(
         "engine: {} completed, {} immediate writes, {} Data-Out PDUs, {} remote / {} local invalidations, busy {}",
         st.completed,
