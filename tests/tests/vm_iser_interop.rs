@@ -9,14 +9,18 @@
 //!    must list our initiator among the TPG's sessions;
 //! 2. INQUIRY (standard and VPD 0x80) and READ CAPACITY on both LUNs, with
 //!    LIO's unit attentions answered as the class driver would;
-//! 3. data-verified reads and writes: every block of both LUNs written and
+//! 3. an idle session kept alive: the engine pings with NOP-Out every 2 s
+//!    (`noop_out_interval`), LIO must answer each with a NOP-In within
+//!    `noop_out_timeout` or the engine drops the connection; nothing may
+//!    fail in 12 s of silence;
+//! 4. data-verified reads and writes: every block of both LUNs written and
 //!    read back with 1 MiB I/Os, then random I/Os of 512 B to 1 MiB at
 //!    queue depths 1, 4 and 16 (`VM_ISER_IOS` scales them), and the fileio
 //!    LUN's backing file hashed in the VM against what we wrote;
-//! 4. orderly logout (adapter stop: iSCSI Logout, then disconnect), after
+//! 5. orderly logout (adapter stop: iSCSI Logout, then disconnect), after
 //!    which LIO lists no session, and a teardown that checks every request
 //!    completed exactly once;
-//! 5. a new session (same ISID, a fresh login after the logout) with
+//! 6. a new session (same ISID, a fresh login after the logout) with
 //!    `InitialR2T=No` (LIO is booted offering it; the first session kept
 //!    the initiator's `Yes`): writes carry immediate data and unsolicited
 //!    Data-Out PDUs up to the first burst, the rest fetched by RDMA READ
@@ -43,6 +47,7 @@ use kverbs_tests::{Io, IoDone, Op, env_count};
 use kverbs_tools::vm::{PrepareOptions, Prepared, Vm, VmConfig, VmError, WorkDir, prepare};
 use md5::Digest as _;
 use storport_srp::iser::IserTransport;
+use storport_srp::miniport::transport::TargetState;
 use storport_srp::scsi::sense::{AdditionalSense, SenseKey, SenseRepr};
 use storport_srp::storport::SrbStatus;
 use storport_srp::storport::host::{RequestOutcome, SgShape};
@@ -155,7 +160,7 @@ fn iser_through_the_miniport_against_linux_isert() {
     };
     config.srpt.enabled = false;
     // LIO offers InitialR2T=No (BOOL_OR: a session is "No" only when the
-    // initiator asks for it too: phase 1 asks "Yes", phase 5 "No").
+    // initiator asks for it too: phase 1 asks "Yes", phase 6 "No").
     config
         .iser
         .parameters
@@ -178,7 +183,9 @@ fn iser_through_the_miniport_against_linux_isert() {
 
     let platform = interop_platform();
     let iconfig = InteropConfig {
-        keys: format!("{QUEUE_KEYS}\nnode.session.iscsi.InitialR2T = Yes"),
+        keys: format!(
+            "{QUEUE_KEYS}\nnode.session.iscsi.InitialR2T = Yes\nnode.conn[0].timeo.noop_out_interval = 2"
+        ),
         pcap: Some(pcap.clone()),
         ..InteropConfig::default()
     };
@@ -262,11 +269,38 @@ fn iser_through_the_miniport_against_linux_isert() {
         }
 
         // ------------------------------------------------------------
-        // 3. Data.
+        // 3. Idle: our keepalive answered.
+        let before = s.stats(p);
+        let idle = Instant::now();
+        while idle.elapsed() < Duration::from_secs(12) {
+            s.tick(p);
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let st = s.stats(p);
+        assert_eq!(
+            (st.transport_failures, st.logins),
+            (before.transport_failures, before.logins),
+            "{st:?}\n{}",
+            target_log(&vm)
+        );
+        assert_eq!(s.state(), TargetState::Live, "{st:?}");
+        // One ping per 2 s; each unanswered one would have failed the
+        // connection (checked above).
+        assert!(
+            st.control_pdus >= before.control_pdus + 4,
+            "no keepalive went out: {before:?} -> {st:?}"
+        );
+        rec.note(format!(
+            "idle 12 s: {} NOP-Outs sent and answered, session live",
+            st.control_pdus - before.control_pdus
+        ));
+
+        // ------------------------------------------------------------
+        // 4. Data.
         data_phase(&s, &vm, &info, &mut shadows, &mut rec, p);
 
         // ------------------------------------------------------------
-        // 4. Orderly logout.
+        // 5. Orderly logout.
         let before = s.stats(p);
         let t = Instant::now();
         s.stop(p);
@@ -293,7 +327,7 @@ fn iser_through_the_miniport_against_linux_isert() {
     platform.run_passive(|p| stack.finish(p));
 
     // ----------------------------------------------------------------
-    // 5. A new session with InitialR2T=No: unsolicited Data-Out.
+    // 6. A new session with InitialR2T=No: unsolicited Data-Out.
     let pcap2 = vm.paths().dir.join("iser-interop-unsolicited.pcap");
     let mut guard2 = PcapGuard::new(pcap2.clone());
     let platform = interop_platform();
