@@ -154,7 +154,13 @@ fn lun_reset_during_io_completes_the_lun_first() {
         target.clear_misbehaviour();
         // The LUN works again; the other LUN never stopped.
         let (o, _) = s.read(0, 0, 0, 8, storport_srp::storport::host::SgShape::Pages, p);
-        assert_eq!(o.status.base(), SrbStatus::SUCCESS);
+        assert_eq!(
+            o.status.base(),
+            SrbStatus::SUCCESS,
+            "{o:?} {:?} {:?}",
+            s.stats(0, p),
+            target.counters()
+        );
         let (o, _) = s.read(0, 1, 0, 2, storport_srp::storport::host::SgShape::Pages, p);
         assert_eq!(o.status.base(), SrbStatus::SUCCESS);
     });
