@@ -515,7 +515,16 @@ impl Interop<SrpTransport<Hp>> {
                 SrpTransport::new(&dev2, &cm2, srp_config, &[params], upcalls, p)
                     .map_err(|_| kverbs::platform::AllocError)
             });
-        Self::assemble(platform, hca, wire, shape, make_transport, add_target, config, p)
+        Self::assemble(
+            platform,
+            hca,
+            wire,
+            shape,
+            make_transport,
+            add_target,
+            config,
+            p,
+        )
     }
 }
 
@@ -550,7 +559,16 @@ impl Interop<IserTransport<Hp>> {
                 IserTransport::new(&dev2, &cm2, iser_config, &descs, upcalls, p)
                     .map_err(|_| kverbs::platform::AllocError)
             });
-        Self::assemble(platform, hca, wire, shape, make_transport, record, config, p)
+        Self::assemble(
+            platform,
+            hca,
+            wire,
+            shape,
+            make_transport,
+            record,
+            config,
+            p,
+        )
     }
 }
 

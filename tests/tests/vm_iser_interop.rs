@@ -39,8 +39,7 @@ use std::time::{Duration, Instant};
 use kverbs::irql::Passive;
 use kverbs::platform::host::VerifierAllocator;
 use kverbs_tests::interop::{
-    Interop, InteropConfig, LinkWire, PcapGuard, ShadowDisk, interop_platform, wait_until,
-    workload,
+    Interop, InteropConfig, LinkWire, PcapGuard, ShadowDisk, interop_platform, wait_until, workload,
 };
 use kverbs_tests::iser::INITIATOR_NAME;
 use kverbs_tests::{Io, IoDone, Op, env_count};
