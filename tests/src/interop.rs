@@ -1,7 +1,10 @@
 //! The interop harness: the initiator alone — StorPort model → miniport
 //! core → SRP engine → kverbs → software HCA — with its HCA on the RoCEv2
 //! link of the Linux target VM ([`kverbs_tools::vm`]), logging in to the
-//! kernel's `ib_srpt` over Soft-RoCE.
+//! kernel's `ib_srpt` over Soft-RoCE ([`Interop::start`]), or the iSER
+//! engine in place of the SRP one, logging in to LIO's iSCSI target over
+//! `ib_isert` ([`Interop::start_iser`]). The stack is generic over the
+//! engine ([`InteropEngine`]); everything past the login is the same.
 //!
 //! The other end is a real kernel, so the data cannot be checked against
 //! a medium in this process: a [`ShadowDisk`] per LUN holds what the
@@ -34,10 +37,12 @@ use kverbs::irql::Passive;
 use kverbs::platform::host::{HostConfig, HostMode, HostPlatform};
 use kverbs::wire::IbTimeout;
 use kverbs_tools::vm::TargetInfo;
-use storport_srp::miniport::transport::TargetState;
-use storport_srp::miniport::{Adapter, AdapterConfig, CoreContext};
-use storport_srp::srp::params::{TargetParams, parse_add_target};
-use storport_srp::srp::{SrpConfig, SrpTransport, TargetStats};
+use storport_srp::iscsi::description::TargetDescription;
+use storport_srp::iser::{IserConfig, IserStats, IserTransport};
+use storport_srp::miniport::transport::{TargetState, Transport};
+use storport_srp::miniport::{Adapter, AdapterConfig, CoreContext, TransportFactory};
+use storport_srp::srp::params::parse_add_target;
+use storport_srp::srp::{AdapterShape, SrpConfig, SrpTransport, TargetStats};
 use storport_srp::storport::host::{
     HostPort, ModelConfig, RequestOutcome, RequestSpec, RequestState, SgShape, StorPortModel,
 };
@@ -251,13 +256,54 @@ fn interop_cm_config() -> CmConfig {
     }
 }
 
+/// What the harness needs of an engine besides [`Transport`]: its
+/// counters for one target and the connections it holds.
+pub trait InteropEngine: Transport {
+    /// The engine's per-target counters.
+    type Stats: std::fmt::Debug + Default;
+
+    /// Target `target`'s counters.
+    fn stats_of(&self, target: u8, p: &Passive<'_>) -> Option<Self::Stats>;
+
+    /// Connections built and not yet released.
+    fn connections(&self, p: &Passive<'_>) -> usize;
+}
+
+impl InteropEngine for SrpTransport<Hp> {
+    type Stats = TargetStats;
+
+    fn stats_of(&self, target: u8, p: &Passive<'_>) -> Option<TargetStats> {
+        self.target_stats(target, p)
+    }
+
+    fn connections(&self, p: &Passive<'_>) -> usize {
+        self.open_connections(p)
+    }
+}
+
+impl InteropEngine for IserTransport<Hp> {
+    type Stats = IserStats;
+
+    fn stats_of(&self, target: u8, p: &Passive<'_>) -> Option<IserStats> {
+        self.target_stats(target, p)
+    }
+
+    fn connections(&self, p: &Passive<'_>) -> usize {
+        self.open_connections(p)
+    }
+}
+
 /// How to build an [`Interop`].
 #[derive(Debug, Clone)]
 pub struct InteropConfig {
-    /// `add_target` keys beyond the addressing (`"queue_size=64,max_sect=2048"`).
+    /// SRP: `add_target` keys beyond the addressing
+    /// (`"queue_size=64,max_sect=2048"`). iSER: extra node-record lines
+    /// (`"node.session.queue_depth = 16"`), one per line.
     pub keys: String,
-    /// The engine's settings.
+    /// The SRP engine's settings.
     pub srp: SrpConfig,
+    /// The iSER engine's settings.
+    pub iser: IserConfig,
     /// The StorPort model's behaviour.
     pub model: ModelConfig,
     /// LUNs per target StorPort addresses.
@@ -284,6 +330,7 @@ impl Default for InteropConfig {
                 tmf_timeout: Duration::from_secs(20),
                 ..SrpConfig::default()
             },
+            iser: IserConfig::default(),
             model: ModelConfig {
                 max_requests: 65536,
                 ..ModelConfig::default()
@@ -296,8 +343,9 @@ impl Default for InteropConfig {
     }
 }
 
-/// The initiator stack on the VM's link (see the [module docs](self)).
-pub struct Interop {
+/// The initiator stack on the VM's link (see the [module docs](self)),
+/// with the SRP engine or (`Interop<IserTransport<Hp>>`) the iSER one.
+pub struct Interop<T: InteropEngine = SrpTransport<Hp>> {
     /// The host platform.
     pub platform: Hp,
     /// The fabric holding the one linked HCA.
@@ -311,12 +359,11 @@ pub struct Interop {
     /// The port's connection manager.
     pub cm: CmPort<Hp>,
     /// StorPort with the miniport installed.
-    pub model: StorPortModel<Adapter<HostPort, SrpTransport<Hp>>>,
+    pub model: StorPortModel<Adapter<HostPort, T>>,
     /// The adapter's shape.
     pub adapter: AdapterConfig,
-    /// What the initiator was told about the target.
-    pub params: TargetParams,
-    /// The `add_target` string.
+    /// What the initiator was told about the target: the SRP `add_target`
+    /// string, or the iSER node record.
     pub add_target: String,
     /// When the stack started (StorPort's clock follows it).
     pub started: Instant,
@@ -351,21 +398,53 @@ pub fn srpt_add_target(info: &TargetInfo, keys: &str) -> Result<String, SetupErr
     Ok(s)
 }
 
-impl Interop {
-    /// Builds the initiator on the VM's link (`wire`: the socket taken
-    /// from the VM, wrapped; it can serve one stack after another) and
-    /// starts the adapter; waits for the target to be live.
-    ///
-    /// # Errors
-    /// [`SetupError`] naming what failed.
-    pub fn start(
-        platform: Hp,
+/// The iSER node record (the `iscsiadm` form the driver parses) for the
+/// VM's LIO iSCSI target: its IQN and iSER portal, our initiator name, a
+/// short reconnect delay, then `keys` (extra `key = value` lines).
+///
+/// # Errors
+/// When the VM runs no iSER target.
+pub fn isert_node_record(info: &TargetInfo, keys: &str) -> Result<String, SetupError> {
+    let iser = info
+        .iser
+        .as_ref()
+        .ok_or_else(|| SetupError("the VM runs no iSER target".into()))?;
+    let mut r = format!(
+        "node.name = {}\nnode.conn[0].address = {}\nnode.conn[0].port = {}\n\
+         iface.initiatorname = {}\nnode.session.timeo.reconnect_delay = 1\n",
+        iser.target_iqn,
+        iser.portal_ip,
+        iser.portal_port,
+        crate::iser::INITIATOR_NAME
+    );
+    for line in keys.lines().map(str::trim).filter(|l| !l.is_empty()) {
+        r.push_str(line);
+        r.push('\n');
+    }
+    Ok(r)
+}
+
+/// The initiator's HCA on the VM's link with its device and CM port: what
+/// both engines run on.
+struct LinkedHca {
+    fabric: Fabric,
+    initiator: Arc<SoftHca>,
+    device: Device<Hp>,
+    cm: CmPort<Hp>,
+}
+
+fn setup_err(what: &str, e: &dyn std::fmt::Debug) -> SetupError {
+    SetupError(format!("{what}: {e:?}"))
+}
+
+impl LinkedHca {
+    fn new(
+        platform: &Hp,
         info: &TargetInfo,
-        wire: Arc<LinkWire>,
+        wire: &Arc<LinkWire>,
         config: &InteropConfig,
         p: &Passive<'_>,
-    ) -> Result<Interop, SetupError> {
-        let err = |what: &str, e: &dyn std::fmt::Debug| SetupError(format!("{what}: {e:?}"));
+    ) -> Result<Self, SetupError> {
         let fabric = Fabric::new(FabricConfig {
             mode: ExecMode::Thread,
             seed: 1,
@@ -381,14 +460,14 @@ impl Interop {
                 link,
                 wire.clone(),
             )
-            .map_err(|e| err("initiator HCA on the link", &e))?;
+            .map_err(|e| setup_err("initiator HCA on the link", &e))?;
         let device = Device::open(
-            &platform,
+            platform,
             VerifiedHca::new(initiator.clone()),
             DeviceConfig::default(),
             p,
         )
-        .map_err(|e| err("initiator device", &e))?;
+        .map_err(|e| setup_err("initiator device", &e))?;
         let cm = CmPort::create(
             &device,
             1,
@@ -400,11 +479,113 @@ impl Interop {
             },
             p,
         )
-        .map_err(|e| err("initiator CM", &e))?;
+        .map_err(|e| setup_err("initiator CM", &e))?;
+        Ok(LinkedHca {
+            fabric,
+            initiator,
+            device,
+            cm,
+        })
+    }
+}
+
+impl Interop<SrpTransport<Hp>> {
+    /// Builds the initiator with the SRP engine on the VM's link (`wire`:
+    /// the socket taken from the VM, wrapped; it can serve one stack after
+    /// another) and starts the adapter; waits for the target to be live.
+    ///
+    /// # Errors
+    /// [`SetupError`] naming what failed.
+    pub fn start(
+        platform: Hp,
+        info: &TargetInfo,
+        wire: Arc<LinkWire>,
+        config: &InteropConfig,
+        p: &Passive<'_>,
+    ) -> Result<Self, SetupError> {
+        let hca = LinkedHca::new(&platform, info, &wire, config, p)?;
         let add_target = srpt_add_target(info, &config.keys)?;
         let params = parse_add_target(add_target.as_bytes())
-            .map_err(|e| err(&format!("add_target {add_target:?}"), &e))?;
+            .map_err(|e| setup_err(&format!("add_target {add_target:?}"), &e))?;
         let shape = SrpTransport::<Hp>::adapter_shape(&[params], &config.srp);
+        let srp_config = config.srp;
+        let (dev2, cm2) = (hca.device.clone(), hca.cm.clone());
+        let make_transport: TransportFactory<SrpTransport<Hp>> =
+            Box::new(move |upcalls, p: &Passive<'_>| {
+                SrpTransport::new(&dev2, &cm2, srp_config, &[params], upcalls, p)
+                    .map_err(|_| kverbs::platform::AllocError)
+            });
+        Self::assemble(
+            platform,
+            hca,
+            wire,
+            shape,
+            make_transport,
+            add_target,
+            config,
+            p,
+        )
+    }
+}
+
+impl Interop<IserTransport<Hp>> {
+    /// Builds the initiator with the iSER engine on the VM's link, aimed at
+    /// the VM's LIO iSCSI target through its iSER portal (the node record
+    /// of [`isert_node_record`] with `config.keys`), and starts the
+    /// adapter; waits for the session to be live (connect + full login).
+    ///
+    /// # Errors
+    /// [`SetupError`] naming what failed.
+    pub fn start_iser(
+        platform: Hp,
+        info: &TargetInfo,
+        wire: Arc<LinkWire>,
+        config: &InteropConfig,
+        p: &Passive<'_>,
+    ) -> Result<Self, SetupError> {
+        let hca = LinkedHca::new(&platform, info, &wire, config, p)?;
+        let record = isert_node_record(info, &config.keys)?;
+        let desc = TargetDescription::parse(&record)
+            .map_err(|e| SetupError(format!("node record {record:?}: {e}")))?;
+        let descs = vec![desc];
+        let shape = IserTransport::<Hp>::adapter_shape(
+            &descs,
+            hca.device.attr().max_fast_reg_page_list_len,
+        );
+        let iser_config = config.iser;
+        let (dev2, cm2) = (hca.device.clone(), hca.cm.clone());
+        let make_transport: TransportFactory<IserTransport<Hp>> =
+            Box::new(move |upcalls, p: &Passive<'_>| {
+                IserTransport::new(&dev2, &cm2, iser_config, &descs, upcalls, p)
+                    .map_err(|_| kverbs::platform::AllocError)
+            });
+        Self::assemble(
+            platform,
+            hca,
+            wire,
+            shape,
+            make_transport,
+            record,
+            config,
+            p,
+        )
+    }
+}
+
+impl<T: InteropEngine> Interop<T> {
+    /// Installs the miniport with the engine `make_transport` builds on
+    /// `hca`, starts the adapter and waits for target 0 to be live.
+    #[expect(clippy::too_many_arguments, reason = "the stack's parts")]
+    fn assemble(
+        platform: Hp,
+        hca: LinkedHca,
+        wire: Arc<LinkWire>,
+        shape: AdapterShape,
+        make_transport: TransportFactory<T>,
+        add_target: String,
+        config: &InteropConfig,
+        p: &Passive<'_>,
+    ) -> Result<Self, SetupError> {
         let adapter = AdapterConfig {
             targets: 1,
             luns_per_target: config.luns_per_target,
@@ -416,21 +597,22 @@ impl Interop {
         let mut model = StorPortModel::with_memory(
             &platform,
             config.model.clone(),
-            initiator.phys_memory().clone(),
+            hca.initiator.phys_memory().clone(),
             p,
         );
-        let srp_config = config.srp;
-        let (dev2, cm2) = (device.clone(), cm.clone());
         let context = CoreContext {
             config: adapter,
-            make_transport: Box::new(move |upcalls, p: &Passive<'_>| {
-                SrpTransport::new(&dev2, &cm2, srp_config, &[params], upcalls, p)
-                    .map_err(|_| kverbs::platform::AllocError)
-            }),
+            make_transport,
         };
         model
             .start(&context, p)
-            .map_err(|e| err("find_adapter", &e))?;
+            .map_err(|e| setup_err("find_adapter", &e))?;
+        let LinkedHca {
+            fabric,
+            initiator,
+            device,
+            cm,
+        } = hca;
         let stack = Interop {
             platform,
             fabric,
@@ -440,7 +622,6 @@ impl Interop {
             cm,
             model,
             adapter,
-            params,
             add_target,
             started: Instant::now(),
         };
@@ -457,14 +638,14 @@ impl Interop {
 
     /// The engine.
     #[must_use]
-    pub fn transport(&self) -> &SrpTransport<Hp> {
+    pub fn transport(&self) -> &T {
         self.model.miniport().transport()
     }
 
     /// The target's counters (engine side).
     #[must_use]
-    pub fn stats(&self, p: &Passive<'_>) -> TargetStats {
-        self.transport().target_stats(0, p).unwrap_or_default()
+    pub fn stats(&self, p: &Passive<'_>) -> T::Stats {
+        self.transport().stats_of(0, p).unwrap_or_default()
     }
 
     /// The link's counters.
@@ -716,7 +897,7 @@ impl Interop {
         });
         assert!(stopped, "the adapter did not stop");
         assert_eq!(
-            self.transport().open_connections(p),
+            self.transport().connections(p),
             0,
             "connections left open after stop"
         );

@@ -1,0 +1,629 @@
+//! Interop through the whole initiator over iSER: the host StorPort model →
+//! the miniport core → the iSER engine → kverbs → the software HCA on the
+//! RoCEv2 link → `rdma_rxe` → LIO's iSCSI target over `ib_isert` in the
+//! target VM. One VM boot (iSER portal only); the phases run in order,
+//! each printing what it did:
+//!
+//! 1. iSER connect (RDMA/CM with the iSER CM header) and the full iSCSI
+//!    login, from the node record built from the VM's `TargetInfo`; LIO
+//!    must list our initiator among the TPG's sessions;
+//! 2. INQUIRY (standard and VPD 0x80) and READ CAPACITY on both LUNs, with
+//!    LIO's unit attentions answered as the class driver would;
+//! 3. an idle session kept alive: the engine pings with NOP-Out every 2 s
+//!    (`noop_out_interval`), LIO must answer each with a NOP-In within
+//!    `noop_out_timeout` or the engine drops the connection; nothing may
+//!    fail in 12 s of silence;
+//! 4. data-verified reads and writes: every block of both LUNs written and
+//!    read back with 1 MiB I/Os, then random I/Os of 512 B to 1 MiB at
+//!    queue depths 1, 4 and 16 (`VM_ISER_IOS` scales them), and the fileio
+//!    LUN's backing file hashed in the VM against what we wrote;
+//! 5. orderly logout (adapter stop: iSCSI Logout, then disconnect), after
+//!    which LIO lists no session, and a teardown that checks every request
+//!    completed exactly once;
+//! 6. a new session (same ISID, a fresh login after the logout) with
+//!    `InitialR2T=No` (LIO is booted offering it; the first session kept
+//!    the initiator's `Yes`): writes carry immediate data and unsolicited
+//!    Data-Out PDUs up to the first burst, the rest fetched by RDMA READ
+//!    from the VA past them; everything read back and checked, logout.
+//!
+//! The link's pcap is kept in the VM's run directory when the run fails
+//! (its path printed). Behind the `vm-tests` feature; no CI step yet. It
+//! skips (loudly) only when the VM cannot be prepared here, and never under
+//! CI.
+
+use std::collections::BTreeMap;
+use std::io::Write as _;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kverbs::irql::Passive;
+use kverbs::platform::host::VerifierAllocator;
+use kverbs_tests::interop::{
+    Interop, InteropConfig, LinkWire, PcapGuard, ShadowDisk, interop_platform, wait_until, workload,
+};
+use kverbs_tests::iser::INITIATOR_NAME;
+use kverbs_tests::{Io, IoDone, Op, env_count};
+use kverbs_tools::vm::{PrepareOptions, Prepared, Vm, VmConfig, VmError, WorkDir, prepare};
+use md5::Digest as _;
+use storport_srp::iser::IserTransport;
+use storport_srp::miniport::transport::TargetState;
+use storport_srp::scsi::sense::{AdditionalSense, SenseKey, SenseRepr};
+use storport_srp::storport::SrbStatus;
+use storport_srp::storport::host::{RequestOutcome, SgShape};
+
+#[global_allocator]
+static ALLOCATOR: VerifierAllocator = VerifierAllocator;
+
+const MIB: u32 = 1 << 20;
+
+/// The node record's queue keys for every session.
+const QUEUE_KEYS: &str = "node.session.cmds_max = 64\nnode.session.queue_depth = 32";
+
+/// The stack with the iSER engine.
+type IserInterop = Interop<IserTransport<kverbs_tests::Hp>>;
+
+fn prepared_or_skip(test: &str) -> Option<Prepared> {
+    let options = PrepareOptions {
+        verbose: true,
+        ..PrepareOptions::default()
+    };
+    match prepare(&WorkDir::default(), &options) {
+        Ok(prepared) => Some(prepared),
+        Err(e @ VmError::PackagesMissing { .. }) if std::env::var_os("CI").is_none() => {
+            let _ = writeln!(
+                std::io::stderr(),
+                "\n################################################################\n\
+                 ## SKIPPING {test}: the Linux target VM cannot be prepared here.\n\
+                 ## {e}\n\
+                 ## (Under CI this is a failure, not a skip.)\n\
+                 ################################################################\n"
+            );
+            None
+        }
+        Err(e) => panic!("preparing the VM failed: {e}"),
+    }
+}
+
+fn exec(vm: &Vm, cmd: &str) -> String {
+    match vm.exec_ok(cmd) {
+        Ok(out) => out,
+        Err(e) => panic!("{e}"),
+    }
+}
+
+/// The kernel log lines of the iSCSI target and isert (the evidence when
+/// something fails).
+fn target_log(vm: &Vm) -> String {
+    exec(
+        vm,
+        "dmesg | grep -i -E 'isert|iscsi|rxe|target' | tail -40 || true",
+    )
+}
+
+/// The sense of a CHECK CONDITION, decoded.
+fn sense_of(o: &RequestOutcome) -> Option<SenseRepr> {
+    (o.scsi_status == 0x02)
+        .then(|| SenseRepr::parse(&o.sense).ok())
+        .flatten()
+}
+
+/// Issues a data-in command, retrying on UNIT ATTENTION as the class
+/// driver does; returns the outcome, the data and the unit attentions
+/// seen on the way.
+fn command_in_ua(
+    s: &IserInterop,
+    lun: u8,
+    f: impl Fn(&IserInterop, u8, &Passive<'_>) -> (RequestOutcome, Vec<u8>),
+    p: &Passive<'_>,
+) -> (RequestOutcome, Vec<u8>, Vec<AdditionalSense>) {
+    let mut uas = Vec::new();
+    for _ in 0..4 {
+        let (o, data) = f(s, lun, p);
+        match sense_of(&o) {
+            Some(sense) if sense.key == SenseKey::UnitAttention => uas.push(sense.code),
+            _ => return (o, data, uas),
+        }
+    }
+    panic!("LUN {lun}: unit attention after unit attention: {uas:?}");
+}
+
+struct Record {
+    lines: Vec<String>,
+}
+
+impl Record {
+    fn note(&mut self, line: String) {
+        eprintln!("[iser-interop] {line}");
+        self.lines.push(line);
+    }
+}
+
+#[test]
+fn iser_through_the_miniport_against_linux_isert() {
+    let Some(prepared) = prepared_or_skip("iser_through_the_miniport_against_linux_isert") else {
+        return;
+    };
+    // Two 16 MiB LUNs (a RAM disk and a file), the iSER portal only.
+    let lun = |backstore| kverbs_tools::vm::LunConfig {
+        backstore,
+        size_mib: 16,
+        block_size: 512,
+    };
+    let mut config = VmConfig {
+        instance: "iser-interop".to_owned(),
+        luns: vec![
+            lun(kverbs_tools::vm::Backstore::RdMcp),
+            lun(kverbs_tools::vm::Backstore::Fileio),
+        ],
+        ..VmConfig::default()
+    };
+    config.srpt.enabled = false;
+    // LIO offers InitialR2T=No (BOOL_OR: a session is "No" only when the
+    // initiator asks for it too: phase 1 asks "Yes", phase 6 "No").
+    config
+        .iser
+        .parameters
+        .insert("InitialR2T".to_owned(), "No".to_owned());
+    // Rejected logins and isert's own messages reach the console log.
+    config.machine.console_loglevel = 7;
+    let t0 = Instant::now();
+    let mut vm = Vm::boot(&config, &prepared).unwrap_or_else(|e| panic!("{e}"));
+    let info = vm.info().clone();
+    let mut rec = Record { lines: Vec::new() };
+    rec.note(format!(
+        "VM: kernel {} ({}), ready after {:.1} s",
+        info.kernel_release, info.kernel_package, info.boot_secs
+    ));
+    let iser = info.iser.clone().expect("iSER enabled");
+    let tpg = format!("/sys/kernel/config/target/iscsi/{}/tpgt_1", iser.target_iqn);
+    let pcap = vm.paths().dir.join("iser-interop.pcap");
+    let mut guard = PcapGuard::new(pcap.clone());
+    let wire = Arc::new(LinkWire::new(vm.take_link().expect("the link socket")));
+
+    let platform = interop_platform();
+    let iconfig = InteropConfig {
+        keys: format!(
+            "{QUEUE_KEYS}\nnode.session.iscsi.InitialR2T = Yes\nnode.conn[0].timeo.noop_out_interval = 2"
+        ),
+        pcap: Some(pcap.clone()),
+        ..InteropConfig::default()
+    };
+    let stack = platform.run_passive(|p| {
+        let s = match IserInterop::start_iser(platform.clone(), &info, wire.clone(), &iconfig, p)
+        {
+            Ok(s) => s,
+            Err(e) => panic!(
+                "iSER login through the miniport: {}\nLIO:\n{}",
+                e.0,
+                target_log(&vm)
+            ),
+        };
+        // ------------------------------------------------------------
+        // 1. Connect and login.
+        let st = s.stats(p);
+        assert_eq!((st.logins, st.login_failures), (1, 0), "{st:?}");
+        let neg = s.transport().negotiated(0, p);
+        assert!(
+            neg.is_some_and(|n| n.initial_r2t && n.immediate_data),
+            "{neg:?}"
+        );
+        rec.note(format!(
+            "login: live after {} connect attempt(s), remote invalidation {}, negotiated {neg:?}",
+            st.connect_attempts, st.remote_invalidate
+        ));
+        let sessions = exec(&vm, &format!("cat {tpg}/dynamic_sessions"));
+        assert!(
+            sessions.contains(INITIATOR_NAME),
+            "LIO lists no session of {INITIATOR_NAME}: {sessions:?}\n{}",
+            target_log(&vm)
+        );
+        rec.note(format!("LIO sessions: {}", sessions.trim()));
+
+        // ------------------------------------------------------------
+        // 2. INQUIRY, VPD 0x80, READ CAPACITY.
+        let mut shadows = BTreeMap::new();
+        for lun in &info.luns {
+            let l = u8::try_from(lun.lun).unwrap();
+            let (o, data, uas) = command_in_ua(&s, l, |s, l, p| s.inquiry(l, p), p);
+            assert!(
+                matches!(o.status.base(), SrbStatus::SUCCESS | SrbStatus::DATA_OVERRUN),
+                "INQUIRY LUN {l}: {o:?}"
+            );
+            assert!(uas.is_empty(), "INQUIRY reports no unit attention: {uas:?}");
+            assert!(data.len() >= 36, "{data:?}");
+            assert_eq!(data[0] & 0x1f, 0, "direct access block device");
+            let vendor = String::from_utf8_lossy(&data[8..16]).trim().to_owned();
+            let product = String::from_utf8_lossy(&data[16..32]).trim().to_owned();
+            assert_eq!(vendor, "LIO-ORG");
+            let want = match lun.backstore {
+                kverbs_tools::vm::Backstore::RdMcp => "RAMDISK-MCP",
+                kverbs_tools::vm::Backstore::Fileio => "FILEIO",
+            };
+            assert!(product.starts_with(want), "LUN {l}: product {product:?}");
+            let (o, vpd, _) = command_in_ua(&s, l, |s, l, p| s.inquiry_vpd(l, 0x80, p), p);
+            assert!(
+                matches!(o.status.base(), SrbStatus::SUCCESS | SrbStatus::DATA_OVERRUN),
+                "VPD 0x80 LUN {l}: {o:?}"
+            );
+            let serial = String::from_utf8_lossy(&vpd[4..])
+                .trim_end_matches('\0')
+                .trim()
+                .to_owned();
+            assert_eq!(serial, lun.unit_serial, "LUN {l}");
+            let (o, cap, uas2) = command_in_ua(&s, l, |s, l, p| s.read_capacity(l, p), p);
+            assert_eq!(
+                o.status.base(),
+                SrbStatus::SUCCESS,
+                "READ CAPACITY LUN {l}: {o:?}"
+            );
+            let last = u64::from_be_bytes(cap[0..8].try_into().unwrap());
+            let block = u32::from_be_bytes(cap[8..12].try_into().unwrap());
+            assert_eq!(block, lun.block_size, "LUN {l}");
+            assert_eq!((last + 1) * u64::from(block), lun.size_bytes, "LUN {l}");
+            rec.note(format!(
+                "LUN {l}: {vendor} {product}, serial {serial}, {} x {block} B, unit attentions {uas2:?}",
+                last + 1,
+            ));
+            shadows.insert(l, ShadowDisk::new(block, last + 1));
+        }
+
+        // ------------------------------------------------------------
+        // 3. Idle: our keepalive answered.
+        let before = s.stats(p);
+        let idle = Instant::now();
+        while idle.elapsed() < Duration::from_secs(12) {
+            s.tick(p);
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let st = s.stats(p);
+        assert_eq!(
+            (st.transport_failures, st.logins),
+            (before.transport_failures, before.logins),
+            "{st:?}\n{}",
+            target_log(&vm)
+        );
+        assert_eq!(s.state(), TargetState::Live, "{st:?}");
+        // One ping per 2 s; each unanswered one would have failed the
+        // connection (checked above).
+        assert!(
+            st.control_pdus >= before.control_pdus + 4,
+            "no keepalive went out: {before:?} -> {st:?}"
+        );
+        rec.note(format!(
+            "idle 12 s: {} NOP-Outs sent and answered, session live",
+            st.control_pdus - before.control_pdus
+        ));
+
+        // ------------------------------------------------------------
+        // 4. Data.
+        data_phase(&s, &vm, &info, &mut shadows, &mut rec, p);
+
+        // ------------------------------------------------------------
+        // 5. Orderly logout.
+        let before = s.stats(p);
+        let t = Instant::now();
+        s.stop(p);
+        let st = s.stats(p);
+        assert_eq!(st.transport_failures, before.transport_failures, "{st:?}");
+        rec.note(format!(
+            "logout: adapter stopped in {:.2} s; engine {st:?}",
+            t.elapsed().as_secs_f64()
+        ));
+        let gone = wait_until(Duration::from_secs(30), || {
+            !exec(&vm, &format!("cat {tpg}/dynamic_sessions")).contains(INITIATOR_NAME)
+        });
+        assert!(
+            gone,
+            "LIO still lists our session after the logout\n{}",
+            target_log(&vm)
+        );
+        let link = s.link_stats().expect("link stats");
+        assert_eq!(link.rx_bad_icrc + link.rx_malformed, 0, "{link:?}");
+        rec.note(format!("link: {link:?}"));
+        (s, shadows)
+    });
+    let (stack, mut shadows) = stack;
+    platform.run_passive(|p| stack.finish(p));
+
+    // ----------------------------------------------------------------
+    // 6. A new session with InitialR2T=No: unsolicited Data-Out.
+    let pcap2 = vm.paths().dir.join("iser-interop-unsolicited.pcap");
+    let mut guard2 = PcapGuard::new(pcap2.clone());
+    let platform = interop_platform();
+    let config2 = InteropConfig {
+        keys: format!(
+            "{QUEUE_KEYS}\nnode.session.iscsi.InitialR2T = No\nnode.session.iscsi.ImmediateData = Yes"
+        ),
+        pcap: Some(pcap2),
+        ..iconfig.clone()
+    };
+    let stack = platform.run_passive(|p| {
+        let s = match IserInterop::start_iser(platform.clone(), &info, wire.clone(), &config2, p) {
+            Ok(s) => s,
+            Err(e) => panic!(
+                "second iSER login: {}\nLIO:\n{}",
+                e.0,
+                target_log(&vm)
+            ),
+        };
+        let neg = s.transport().negotiated(0, p).expect("negotiated");
+        assert!(!neg.initial_r2t && neg.immediate_data, "{neg:?}");
+        let mut uas = Vec::new();
+        for l in 0..2u8 {
+            let (o, _, ua) = command_in_ua(&s, l, |s, l, p| s.read_capacity(l, p), p);
+            assert_eq!(o.status.base(), SrbStatus::SUCCESS, "{o:?}");
+            uas.extend(ua);
+        }
+        // What the first session wrote is still there (a sample of each
+        // LUN, read through the new session).
+        let mut rng = fastrand::Rng::with_seed(0x15e4_0005);
+        let mut ios = Vec::new();
+        for i in 0..64 {
+            let lun = u8::try_from(i % 2).unwrap();
+            let sh = &shadows[&lun];
+            ios.extend(workload(&mut rng, 1, lun, 512, sh.blocks(), 512, 256 << 10, 1.0));
+        }
+        // Then writes of every size class around the burst limits (one
+        // PDU of immediate data, several Data-Out PDUs, past the first
+        // burst), then a random mix, all read back.
+        for bytes in [512u32, 4096, 8192, 12288, 16384, 20480, 65536, MIB] {
+            for lun in 0..2u8 {
+                let mut data = vec![0u8; bytes as usize];
+                rng.fill(&mut data);
+                ios.push(Io {
+                    target: 0,
+                    lun,
+                    op: Op::Write,
+                    lba: u64::from(bytes / 512) * 7,
+                    blocks: bytes / 512,
+                    block_len: 512,
+                    shape: SgShape::Pages,
+                    data,
+                });
+            }
+        }
+        let n = env_count("VM_ISER_UNSOLICITED_IOS", 300);
+        for i in 0..n {
+            let lun = u8::try_from(i % 2).unwrap();
+            let sh = &shadows[&lun];
+            ios.extend(workload(&mut rng, 1, lun, 512, sh.blocks(), 512, 128 << 10, 0.4));
+        }
+        for io in &mut ios {
+            if matches!(io.shape, SgShape::Odd { .. }) {
+                io.shape = SgShape::Contiguous;
+            }
+        }
+        let reads: Vec<Io> = ios
+            .iter()
+            .filter(|io| io.op == Op::Write)
+            .map(|io| Io {
+                op: Op::Read,
+                data: Vec::new(),
+                ..io.clone()
+            })
+            .collect();
+        let before = s.stats(p);
+        let t = Instant::now();
+        let done = s.run_ios(&ios, 16, &mut shadows, Duration::from_secs(300), p);
+        all_succeeded(&done, "InitialR2T=No");
+        let done = s.run_ios(&reads, 16, &mut shadows, Duration::from_secs(300), p);
+        all_succeeded(&done, "InitialR2T=No read back");
+        let st = s.stats(p);
+        assert_eq!((st.logins, st.transport_failures), (1, 0), "{st:?}");
+        assert!(st.immediate_writes > before.immediate_writes, "{st:?}");
+        assert!(st.data_out_pdus > before.data_out_pdus, "{st:?}");
+        rec.note(format!(
+            "InitialR2T=No session: unit attentions {uas:?}; {} I/Os + {} reads back at depth 16 in {:.1} s; \
+             {} immediate writes, {} Data-Out PDUs",
+            ios.len(),
+            reads.len(),
+            t.elapsed().as_secs_f64(),
+            st.immediate_writes,
+            st.data_out_pdus
+        ));
+        s.stop(p);
+        s
+    });
+    platform.run_passive(|p| stack.finish(p));
+    guard2.passed();
+    // The VM saw nothing wrong from us.
+    let dmesg = exec(&vm, "dmesg");
+    for bad in ["ICRC", "icrc", "rxe: bad", "BUG", "WARNING", "Unknown iSER"] {
+        assert!(
+            !dmesg.contains(bad),
+            "kernel log mentions {bad:?}:\n{dmesg}"
+        );
+    }
+    rec.note(format!("total {:.1} s", t0.elapsed().as_secs_f64()));
+    eprintln!("\n[iser-interop] summary:");
+    for l in &rec.lines {
+        eprintln!("  {l}");
+    }
+    guard.passed();
+    drop(guard);
+    vm.shutdown();
+}
+
+/// Every block of every LUN written (1 MiB writes) and read back, then
+/// random I/O over sizes and depths, then the fileio backing file hashed in
+/// the VM against the shadow.
+fn data_phase(
+    s: &IserInterop,
+    vm: &Vm,
+    info: &kverbs_tools::vm::TargetInfo,
+    shadows: &mut BTreeMap<u8, ShadowDisk>,
+    rec: &mut Record,
+    p: &Passive<'_>,
+) {
+    let mut rng = fastrand::Rng::with_seed(0x15e4_0001);
+    // First light: one of each size class alone, so a failure names the
+    // smallest case.
+    for (lun, sh) in shadows.iter_mut() {
+        for bytes in [512u32, 4096, 65536, MIB] {
+            let blocks = bytes / sh.block_len();
+            let mut data = vec![0u8; bytes as usize];
+            rng.fill(&mut data);
+            let write = Io {
+                target: 0,
+                lun: *lun,
+                op: Op::Write,
+                lba: 0,
+                blocks,
+                block_len: sh.block_len(),
+                shape: SgShape::Contiguous,
+                data,
+            };
+            let read = Io {
+                op: Op::Read,
+                data: Vec::new(),
+                ..write.clone()
+            };
+            let mut one = BTreeMap::from([(*lun, sh.clone())]);
+            let done = s.run_ios(&[write], 1, &mut one, Duration::from_secs(60), p);
+            all_succeeded(&done, &format!("LUN {lun}: first write of {bytes} B"));
+            let done = s.run_ios(&[read], 1, &mut one, Duration::from_secs(60), p);
+            all_succeeded(&done, &format!("LUN {lun}: first read of {bytes} B"));
+            if let Some(updated) = one.remove(lun) {
+                *sh = updated;
+            }
+        }
+    }
+    rec.note("first light: 512 B, 4 KiB, 64 KiB, 1 MiB written and read back on each LUN".into());
+
+    let t = Instant::now();
+    let mut fill = Vec::new();
+    let mut read_all = Vec::new();
+    for (lun, sh) in shadows.iter() {
+        let per = MIB / sh.block_len();
+        for lba in (0..sh.blocks()).step_by(per as usize) {
+            let blocks = per.min(u32::try_from(sh.blocks() - lba).unwrap());
+            let mut data = vec![0u8; (blocks * sh.block_len()) as usize];
+            rng.fill(&mut data);
+            let io = Io {
+                target: 0,
+                lun: *lun,
+                op: Op::Write,
+                lba,
+                blocks,
+                block_len: sh.block_len(),
+                shape: SgShape::Pages,
+                data,
+            };
+            read_all.push(Io {
+                op: Op::Read,
+                data: Vec::new(),
+                shape: SgShape::Pages,
+                ..io.clone()
+            });
+            fill.push(io);
+        }
+    }
+    let bytes: u64 = fill
+        .iter()
+        .map(|io| u64::from(io.blocks * io.block_len))
+        .sum();
+    let done = s.run_ios(&fill, 8, shadows, Duration::from_secs(300), p);
+    all_succeeded(&done, "fill");
+    let done = s.run_ios(&read_all, 8, shadows, Duration::from_secs(300), p);
+    all_succeeded(&done, "read back");
+    assert!(shadows.values().all(ShadowDisk::all_known));
+    let secs = t.elapsed().as_secs_f64();
+    rec.note(format!(
+        "fill + read back: {} I/Os of 1 MiB at depth 8, {:.0} MiB in {secs:.1} s ({:.1} MiB/s)",
+        fill.len() + read_all.len(),
+        2.0 * bytes as f64 / f64::from(MIB),
+        2.0 * bytes as f64 / f64::from(MIB) / secs
+    ));
+
+    // Random I/O: log-uniform 512 B..1 MiB at each depth. iSER has one
+    // STag per direction, so only buffers one MR maps (contiguous or
+    // per page) are used; `Odd` shapes would be refused as unsupported.
+    let total = env_count("VM_ISER_IOS", 600);
+    let depths = [1usize, 4, 16];
+    for depth in depths {
+        let n = total / depths.len();
+        let mut ios = Vec::new();
+        for i in 0..n {
+            let lun = u8::try_from(i % 2).unwrap();
+            let sh = &shadows[&lun];
+            ios.extend(workload(
+                &mut rng,
+                1,
+                lun,
+                sh.block_len(),
+                sh.blocks(),
+                512,
+                MIB,
+                0.5,
+            ));
+        }
+        for io in &mut ios {
+            if matches!(io.shape, SgShape::Odd { .. }) {
+                io.shape = SgShape::Pages;
+            }
+        }
+        let t = Instant::now();
+        let done = s.run_ios(&ios, depth, shadows, Duration::from_secs(240), p);
+        all_succeeded(&done, &format!("depth {depth}"));
+        let secs = t.elapsed().as_secs_f64();
+        let bytes: u64 = ios
+            .iter()
+            .map(|io| u64::from(io.blocks * io.block_len))
+            .sum();
+        let sizes = ios.iter().map(|io| io.blocks * io.block_len);
+        let (small, large) = (sizes.clone().min().unwrap_or(0), sizes.max().unwrap_or(0));
+        rec.note(format!(
+            "depth {depth}: {n} I/Os ({} reads), {small} B..{large} B, {:.1} MiB in {secs:.1} s ({:.0} IOPS, {:.1} MiB/s)",
+            ios.iter().filter(|io| io.op == Op::Read).count(),
+            bytes as f64 / f64::from(MIB),
+            n as f64 / secs,
+            bytes as f64 / f64::from(MIB) / secs
+        ));
+    }
+    let st = s.stats(p);
+    assert_eq!(st.transport_failures, 0, "{st:?}");
+    assert_eq!(st.unmappable, 0, "{st:?}");
+    // InitialR2T=Yes: only immediate data is unsolicited.
+    assert_eq!(st.data_out_pdus, 0, "{st:?}");
+    assert!(st.immediate_writes > 0, "{st:?}");
+    rec.note(format!(
+        "engine: {} completed, {} immediate writes, {} Data-Out PDUs, {} remote / {} local invalidations, busy {}",
+        st.completed,
+        st.immediate_writes,
+        st.data_out_pdus,
+        st.remote_invalidations,
+        st.local_invalidations,
+        st.busy
+    ));
+
+    // The fileio LUN's backing file, hashed in the VM.
+    for lun in info
+        .luns
+        .iter()
+        .filter(|l| l.backstore == kverbs_tools::vm::Backstore::Fileio)
+    {
+        let l = u8::try_from(lun.lun).unwrap();
+        let sh = &shadows[&l];
+        assert!(sh.all_known());
+        let out = exec(vm, &format!("md5sum /run/kvvm/lun{l}.img"));
+        let theirs = out.split_whitespace().next().unwrap_or("").to_owned();
+        let ours: String = md5::Md5::digest(sh.image())
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        assert_eq!(
+            theirs, ours,
+            "LUN {l}: the backing file is not what we wrote"
+        );
+        rec.note(format!(
+            "LUN {l}: backing file md5 {theirs} matches the shadow"
+        ));
+    }
+}
+
+fn all_succeeded(done: &[IoDone], what: &str) {
+    for d in done {
+        assert_eq!(d.outcome.status.base(), SrbStatus::SUCCESS, "{what}: {d:?}");
+        assert_eq!(d.outcome.completions, 1, "{what}: {d:?}");
+    }
+}
