@@ -1,0 +1,135 @@
+//! The I/O driver both in-process stacks share: submit a list of I/Os at a
+//! queue depth, never two overlapping ones at once, collect every outcome
+//! and check each successful one against the target's medium. The SRP
+//! ([`crate::Stack`]) and iSER ([`crate::iser::IserStack`]) stacks differ
+//! only in how they are built; what runs over them is the same.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use storport_srp::storport::SrbStatus;
+use storport_srp::storport::host::{HostPort, RequestSpec, RequestState, StorPortModel};
+
+use kverbs::irql::Passive;
+use storport_srp::storport::HwMiniport;
+
+use crate::{Io, IoDone, Op, first_difference};
+
+/// A full stack in one process: the StorPort model in front, software
+/// targets with their media behind.
+pub trait FullStack {
+    /// The miniport the model drives.
+    type Miniport: HwMiniport<HostPort>;
+
+    /// The StorPort model.
+    fn model(&self) -> &StorPortModel<Self::Miniport>;
+
+    /// `blocks` of a target LUN's medium from `lba` (empty if no such LUN).
+    fn medium(&self, target: u8, lun: u8, lba: u64, blocks: u64) -> Vec<u8>;
+}
+
+/// Submits a request.
+///
+/// # Panics
+/// If the model refuses it (table full, no memory).
+pub fn submit<S: FullStack>(s: &S, spec: &RequestSpec, p: &Passive<'_>) -> u32 {
+    match s.model().submit(spec, p) {
+        Ok(id) => id,
+        Err(e) => panic!("submit: {e:?}"),
+    }
+}
+
+/// Whether request `id` has completed.
+pub fn done<S: FullStack>(s: &S, id: u32) -> bool {
+    s.model()
+        .outcome(id)
+        .is_some_and(|o| o.state == RequestState::Completed)
+}
+
+/// Runs `ios` with at most `depth` in flight, never two overlapping ones
+/// at once; checks every successful one against the medium as it
+/// completes. Returns the outcomes in the order of `ios`.
+///
+/// # Panics
+/// On a data mismatch, or if the I/O does not finish within 120 s.
+pub fn run_ios<S: FullStack>(s: &S, ios: &[Io], depth: usize, p: &Passive<'_>) -> Vec<IoDone> {
+    let depth = depth.max(1);
+    let mut results: Vec<Option<IoDone>> = (0..ios.len()).map(|_| None).collect();
+    let mut next = 0usize;
+    let mut in_flight: BTreeMap<u32, usize> = BTreeMap::new();
+    let start = Instant::now();
+    while next < ios.len() || !in_flight.is_empty() {
+        while next < ios.len() && in_flight.len() < depth {
+            let Some(io) = ios.get(next) else { break };
+            let overlaps = in_flight
+                .values()
+                .filter_map(|i| ios.get(*i))
+                .any(|o| o.overlaps_with(io));
+            if overlaps {
+                break;
+            }
+            let id = submit(s, &io.request(), p);
+            in_flight.insert(id, next);
+            next += 1;
+        }
+        let finished: Vec<u32> = in_flight
+            .keys()
+            .copied()
+            .filter(|id| done(s, *id))
+            .collect();
+        for id in finished {
+            let Some(index) = in_flight.remove(&id) else {
+                continue;
+            };
+            let Some(io) = ios.get(index) else { continue };
+            let outcome = s
+                .model()
+                .outcome(id)
+                .unwrap_or_else(|| panic!("no request {id}"));
+            let data = s.model().data(id).unwrap_or_default();
+            let done = IoDone { id, outcome, data };
+            if done.outcome.status.base() == SrbStatus::SUCCESS {
+                check(s, io, &done);
+            }
+            if let Some(slot) = results.get_mut(index) {
+                *slot = Some(done);
+            }
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(120),
+            "I/O did not finish: {} in flight",
+            in_flight.len()
+        );
+        if !in_flight.is_empty() {
+            s.model().pump(p);
+            std::thread::yield_now();
+        }
+    }
+    results
+        .into_iter()
+        .map(|r| r.unwrap_or_else(|| panic!("missing result")))
+        .collect()
+}
+
+/// Checks a successful I/O against the medium: a write must be on it, a
+/// read must have returned it.
+///
+/// # Panics
+/// On a mismatch.
+pub fn check<S: FullStack>(s: &S, io: &Io, done: &IoDone) {
+    let medium = s.medium(io.target, io.lun, io.lba, u64::from(io.blocks));
+    let (what, got) = match io.op {
+        Op::Write => ("write", &io.data),
+        Op::Read => ("read", &done.data),
+    };
+    assert!(
+        &medium == got,
+        "{what} of {} blocks at {} on {}:{} ({:?}) differs from the medium at byte {:?}",
+        io.blocks,
+        io.lba,
+        io.target,
+        io.lun,
+        io.shape,
+        first_difference(&medium, got)
+    );
+}
