@@ -133,3 +133,89 @@ pub fn check<S: FullStack>(s: &S, io: &Io, done: &IoDone) {
         first_difference(&medium, got)
     );
 }
+
+/// Every I/O completed exactly once; successes were checked against the
+/// medium by [`run_ios`], everything else must be a status in `allowed`
+/// (one the class driver retries), with no data reported. Returns how many
+/// failed.
+///
+/// # Panics
+/// On a double completion, a status not in `allowed`, or a failure that
+/// reports moved data.
+pub fn truthful(done: &[IoDone], allowed: &[SrbStatus]) -> usize {
+    let mut failed = 0;
+    for d in done {
+        assert_eq!(d.outcome.completions, 1, "{d:?}");
+        let base = d.outcome.status.base();
+        if base != SrbStatus::SUCCESS {
+            assert!(allowed.contains(&base), "unexpected status: {d:?}");
+            assert_eq!(d.outcome.data_transfer_length, 0, "{d:?}");
+            failed += 1;
+        }
+    }
+    failed
+}
+
+/// The class driver's retry of what failed in `done`: all of it must
+/// succeed now.
+///
+/// # Panics
+/// If a retried I/O fails.
+pub fn retry_failed<S: FullStack>(s: &S, ios: &[Io], done: &[IoDone], p: &Passive<'_>) {
+    let again: Vec<Io> = ios
+        .iter()
+        .zip(done)
+        .filter(|(_, d)| d.outcome.status.base() != SrbStatus::SUCCESS)
+        .map(|(io, _)| io.clone())
+        .collect();
+    for d in run_ios(s, &again, 8, p) {
+        assert_eq!(d.outcome.status.base(), SrbStatus::SUCCESS, "{d:?}");
+    }
+}
+
+/// Runs `ios` at `depth` while `fault` runs on another thread after
+/// `after`; returns the results.
+pub fn with_fault<S: FullStack>(
+    s: &S,
+    ios: &[Io],
+    depth: usize,
+    after: std::time::Duration,
+    fault: impl FnOnce() + Send,
+    p: &Passive<'_>,
+) -> Vec<IoDone> {
+    std::thread::scope(|scope| {
+        scope.spawn(move || {
+            std::thread::sleep(after);
+            fault();
+        });
+        run_ios(s, ios, depth, p)
+    })
+}
+
+/// The link faults the transport must repair without a failed I/O: light
+/// loss and jitter.
+#[must_use]
+pub fn light_loss() -> hca_lowlevel::sim::FaultConfig {
+    hca_lowlevel::sim::FaultConfig {
+        drop: 0.005,
+        jitter_ns: 20_000,
+        ..hca_lowlevel::sim::FaultConfig::default()
+    }
+}
+
+/// Loss with duplication, reordering and corruption. Heavy reordering can
+/// exhaust the RC retry budget (sequence-error NAKs count against it): the
+/// connection then fails and recovers, and the requests it took fail for
+/// retry — never silently.
+#[must_use]
+pub fn rough_link() -> hca_lowlevel::sim::FaultConfig {
+    hca_lowlevel::sim::FaultConfig {
+        drop: 0.005,
+        duplicate: 0.01,
+        reorder: 0.03,
+        reorder_delay_ns: 300_000,
+        corrupt: 0.005,
+        jitter_ns: 20_000,
+        ..hca_lowlevel::sim::FaultConfig::default()
+    }
+}
