@@ -38,7 +38,9 @@
 //!
 //! # Task management
 //! ABORT TASK and LOGICAL UNIT RESET go out with any credit, the reserved
-//! one included. On success the victims are marked aborted (or reset),
+//! one included. ABORT TASK goes on its victim's channel; a LUN reset on
+//! every live channel (RC orders it only behind its own QP's commands;
+//! see `reset_group`). On success the victims are marked aborted (or reset),
 //! their MRs invalidated, and the TMF is reported only after every victim
 //! has completed. A TMF unanswered after [`super::SrpConfig::tmf_timeout`]
 //! is reported as a transport timeout by the target's timer; a late
