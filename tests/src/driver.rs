@@ -13,6 +13,8 @@ use storport_srp::storport::host::{HostPort, RequestSpec, RequestState, StorPort
 use kverbs::irql::Passive;
 use storport_srp::storport::HwMiniport;
 
+use kverbs_tools::scsi_target::ScsiTarget;
+
 use crate::{Io, IoDone, Op, first_difference};
 
 /// A full stack in one process: the StorPort model in front, software
@@ -24,8 +26,17 @@ pub trait FullStack {
     /// The StorPort model.
     fn model(&self) -> &StorPortModel<Self::Miniport>;
 
+    /// Target `target`'s SCSI side (its LUNs and their media).
+    fn scsi(&self, target: u8) -> std::sync::Arc<ScsiTarget>;
+
     /// `blocks` of a target LUN's medium from `lba` (empty if no such LUN).
-    fn medium(&self, target: u8, lun: u8, lba: u64, blocks: u64) -> Vec<u8>;
+    fn medium(&self, target: u8, lun: u8, lba: u64, blocks: u64) -> Vec<u8> {
+        let mut out = Vec::new();
+        if let Some(l) = self.scsi(target).lun(u16::from(lun)) {
+            let _ = l.read_blocks(lba, blocks, &mut |b| out.extend_from_slice(b));
+        }
+        out
+    }
 }
 
 /// Submits a request.

@@ -538,11 +538,7 @@ impl crate::driver::FullStack for IserStack {
         &self.model
     }
 
-    fn medium(&self, target: u8, lun: u8, lba: u64, blocks: u64) -> Vec<u8> {
-        let mut out = Vec::new();
-        if let Some(l) = self.target(usize::from(target)).scsi().lun(u16::from(lun)) {
-            let _ = l.read_blocks(lba, blocks, &mut |b| out.extend_from_slice(b));
-        }
-        out
+    fn scsi(&self, target: u8) -> Arc<kverbs_tools::scsi_target::ScsiTarget> {
+        self.target(usize::from(target)).scsi()
     }
 }

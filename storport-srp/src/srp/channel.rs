@@ -353,6 +353,19 @@ enum TmfPhase {
     Abandoned,
 }
 
+/// What a TMF IU says, and whose it is.
+#[derive(Clone, Copy)]
+struct TmfIu {
+    function: TaskMgmtFunction,
+    lun: Lun,
+    /// ABORT TASK: the victim's wire tag.
+    task_tag: u64,
+    /// ABORT TASK: the victim's (channel, slot, generation).
+    victim: Option<(u8, u16, u16)>,
+    /// The core's tag for the request.
+    core: Tag,
+}
+
 /// One task management slot.
 pub(crate) struct TmfSlot<P: Platform> {
     generation: u16,
@@ -1388,22 +1401,12 @@ impl<P: Platform> Engine<P> {
         };
         let offset = conn.layout.rsp_offset(index);
         let sent = emitted.is_ok()
-            && conn
-                .tx
-                .mem()
-                .write(usize::try_from(offset).unwrap_or(usize::MAX), &buf)
-                .is_ok()
-            && conn.tx_sge(offset, 16).is_some_and(|sge| {
-                conn.qp.begin_send(irql).is_ok_and(|mut batch| {
-                    let ok = batch
-                        .send(
-                            &SendWr::new(Payload::Sges(&[sge])),
-                            Signal::Signalled(WrCtx::RspSend(index)),
-                        )
-                        .is_ok();
-                    ok && batch.commit() == 1
-                })
-            });
+            && conn.send_iu(
+                offset,
+                buf.get(..16).unwrap_or(&[]),
+                WrCtx::RspSend(index),
+                irql,
+            );
         if !sent {
             bump(&t.counters.dropped_responses);
             let mut st = ch.state.lock(irql);
@@ -1477,11 +1480,13 @@ impl<P: Platform> Engine<P> {
         self.send_tmf(
             t,
             channel,
-            TaskMgmtFunction::AbortTask,
-            lun,
-            task_tag,
-            Some((channel, slot, generation)),
-            tmf,
+            TmfIu {
+                function: TaskMgmtFunction::AbortTask,
+                lun,
+                task_tag,
+                victim: Some((channel, slot, generation)),
+                core: tmf,
+            },
             irql,
         )
     }
@@ -1550,18 +1555,14 @@ impl<P: Platform> Engine<P> {
             let Some(ch) = t.channels.get(usize::from(channel)) else {
                 continue;
             };
-            let sent = self.post_tmf(
-                t,
-                ch,
-                index,
-                &conn,
-                TaskMgmtFunction::LunReset,
+            let iu = TmfIu {
+                function: TaskMgmtFunction::LunReset,
                 lun,
-                0,
-                None,
-                tmf,
-                irql,
-            );
+                task_tag: 0,
+                victim: None,
+                core: tmf,
+            };
+            let sent = self.post_tmf(ch, index, &conn, iu, irql);
             if !sent {
                 // This channel's connection is failing: its flush fences
                 // its commands. Count it as answered by the transport.
@@ -1625,16 +1626,11 @@ impl<P: Platform> Engine<P> {
         }
     }
 
-    #[expect(clippy::too_many_arguments, reason = "the fields of a TMF")]
     fn send_tmf(
         &self,
         t: &Target<P>,
         channel: u8,
-        function: TaskMgmtFunction,
-        lun: Lun,
-        task_tag: u64,
-        victim: Option<(u8, u16, u16)>,
-        tmf: Tag,
+        iu: TmfIu,
         irql: &impl LeDispatch,
     ) -> Result<(), TmfRefused> {
         let ch = t
@@ -1642,9 +1638,7 @@ impl<P: Platform> Engine<P> {
             .get(usize::from(channel))
             .ok_or(TmfRefused::NotConnected)?;
         let (index, conn) = self.reserve_tmf(ch, irql)?;
-        if !self.post_tmf(
-            t, ch, index, &conn, function, lun, task_tag, victim, tmf, irql,
-        ) {
+        if !self.post_tmf(ch, index, &conn, iu, irql) {
             self.unreserve_tmf(ch, index, &conn, irql);
             return Err(TmfRefused::NotConnected);
         }
@@ -1656,20 +1650,21 @@ impl<P: Platform> Engine<P> {
     /// Fills the reserved TMF slot `index` of `ch` and posts its IU;
     /// `false` if it could not be posted (the slot is cleared, the
     /// reservation still held).
-    #[expect(clippy::too_many_arguments, reason = "the fields of a TMF")]
     fn post_tmf(
         &self,
-        _t: &Target<P>,
         ch: &Channel<P>,
         index: u16,
         conn: &Arc<Conn<P>>,
-        function: TaskMgmtFunction,
-        lun: Lun,
-        task_tag: u64,
-        victim: Option<(u8, u16, u16)>,
-        tmf: Tag,
+        iu: TmfIu,
         irql: &impl LeDispatch,
     ) -> bool {
+        let TmfIu {
+            function,
+            lun,
+            task_tag,
+            victim,
+            core: tmf,
+        } = iu;
         let Some(slot_lock) = ch.tmfs.get(usize::from(index)) else {
             return false;
         };
@@ -1704,25 +1699,15 @@ impl<P: Platform> Engine<P> {
         let offset = conn.layout.tmf_offset(index);
         let generation = s.generation;
         let ok = repr.emit(&mut TskMgmt::new_unchecked(&mut buf[..])).is_ok()
-            && conn
-                .tx
-                .mem()
-                .write(usize::try_from(offset).unwrap_or(usize::MAX), &buf)
-                .is_ok()
-            && conn.tx_sge(offset, 48).is_some_and(|sge| {
-                conn.qp.begin_send(irql).is_ok_and(|mut batch| {
-                    batch
-                        .send(
-                            &SendWr::new(Payload::Sges(&[sge])),
-                            Signal::Signalled(WrCtx::TmfSend {
-                                slot: index,
-                                generation,
-                            }),
-                        )
-                        .is_ok()
-                        && batch.commit() == 1
-                })
-            });
+            && conn.send_iu(
+                offset,
+                &buf,
+                WrCtx::TmfSend {
+                    slot: index,
+                    generation,
+                },
+                irql,
+            );
         if !ok {
             s.clear();
         }
