@@ -19,12 +19,12 @@ use core::fmt;
 
 use crate::barrier;
 use crate::cqe::{CQE_SIZE, Cqe, CqeOpcode, OWNER_WORD, owned_by_software, owner_bit};
+use crate::dma::PhysAddr;
 use crate::dma::{DmaError, SharedWords};
 use crate::recv::{MAX_RECV_SGE, RecvWqe, emit_recv_wqe};
+use crate::sync::atomic::AtomicU64;
 use crate::sync::atomic::Ordering;
 use crate::view::FormatError;
-use crate::dma::PhysAddr;
-use crate::sync::atomic::AtomicU64;
 use crate::wqe::{
     CtrlFlags, CtrlSeg, CtrlSegRepr, DS_SIZE, DataSeg, DataSegRepr, DatagramSeg, DatagramSegRepr,
     INLINE_SEG_FLAG, MAX_DS, MAX_SEND_WQE_BYTES, RaddrSeg, RaddrSegRepr, RegMrSeg, RegMrSegRepr,
@@ -677,8 +677,8 @@ mod tests {
     use super::*;
     use crate::cqe::CqeRepr;
     use crate::sync::atomic::AtomicU64;
-    use crate::wqe::SendWqeBuilder;
     use crate::wqe::SendWqe;
+    use crate::wqe::SendWqeBuilder;
     use alloc::vec;
     use alloc::vec::Vec;
 
@@ -859,11 +859,7 @@ mod tests {
     fn in_place_writer_matches_the_staging_builder() {
         let pages: Vec<PhysAddr> = (1..=9).map(|i| PhysAddr(i * 0x1000)).collect();
         let data: Vec<u8> = (0..=200).map(|i| i as u8).collect();
-        let mut shapes = vec![
-            Shape::Nothing,
-            Shape::Datagram,
-            Shape::RegIndirect(64),
-        ];
+        let mut shapes = vec![Shape::Nothing, Shape::Datagram, Shape::RegIndirect(64)];
         for n in 0..=MAX_DS as u32 {
             shapes.push(Shape::Sges(n));
             shapes.push(Shape::Write(n));
@@ -925,7 +921,10 @@ mod tests {
             Written::Wqe(_, 1)
         ));
         assert_eq!(in_place(&ring, Shape::Sges(4), 6, 1), Written::NoRoom);
-        assert_eq!(in_place(&ring, Shape::Inline(&[9; 200]), 6, 1), Written::NoRoom);
+        assert_eq!(
+            in_place(&ring, Shape::Inline(&[9; 200]), 6, 1),
+            Written::NoRoom
+        );
         for (i, w) in m.iter().enumerate() {
             if !(48..56).contains(&i) {
                 assert_eq!(w.load(Ordering::Relaxed), 7, "word {i}");
