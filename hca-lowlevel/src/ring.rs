@@ -943,20 +943,16 @@ mod tests {
             Written::Refused(FormatError::WqeTooLarge)
         );
         // No room at all: not even the control segment.
-        assert!(matches!(
-            ring.wqe_writer(
-                0,
-                0,
-                WqeHeader {
-                    opcode: SendOpcode::Nop,
-                    qpn: 1,
-                    flags: CtrlFlags::empty(),
-                    imm: 0
-                }
-            )
-            .finish(),
-            Err(_)
-        ));
+        let nop = WqeHeader {
+            opcode: SendOpcode::Nop,
+            qpn: 1,
+            flags: CtrlFlags::empty(),
+            imm: 0,
+        };
+        assert_eq!(
+            ring.wqe_writer(0, 0, nop).finish(),
+            Err(RingError::TooLarge)
+        );
     }
 
     #[test]
