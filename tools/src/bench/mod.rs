@@ -29,6 +29,7 @@ pub mod loopback;
 pub mod model;
 pub mod plot;
 pub mod ram;
+pub mod rdma;
 pub mod report;
 pub mod spec;
 pub mod srp;
