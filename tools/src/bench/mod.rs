@@ -25,6 +25,7 @@
 pub mod backend;
 pub mod engine;
 pub mod iser;
+pub mod linux_vm;
 pub mod loopback;
 pub mod model;
 pub mod plot;
