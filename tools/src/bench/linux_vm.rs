@@ -66,7 +66,8 @@ pub struct LinuxVmOptions {
     pub instance: String,
     /// Install missing host packages with apt when running as root.
     pub install: bool,
-    /// Print what preparing the VM does (downloads take a while).
+    /// Say (on stderr) that the VM is being prepared and booted, and what
+    /// preparing it does (downloads take a while).
     pub verbose: bool,
     /// LUNs the target exports (LIO RAM disks in guest memory).
     pub luns: u8,
@@ -238,6 +239,12 @@ fn boot(options: &LinuxVmOptions, protocol: VmProtocol) -> Result<Booted, Backen
     let size_mib = options.lun_bytes.div_ceil(1 << 20).max(1);
     let size_mib = u32::try_from(size_mib)
         .map_err(|_| BackendError::new("the LUN size is too large for the VM"))?;
+    if options.verbose {
+        eprintln!(
+            "kvbench: preparing and booting the Linux target VM ({}; TCG, 15-60 s)",
+            protocol_name(protocol)
+        );
+    }
     let prepared = prepare(
         &options.workdir,
         &PrepareOptions {

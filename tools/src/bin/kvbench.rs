@@ -473,7 +473,6 @@ fn build(args: &Args) -> Result<Built, String> {
                 queue_size: args.queue_size,
                 immediate_data: !args.no_immediate,
             };
-            eprintln!("kvbench: preparing and booting the Linux target VM (TCG; 15-60 s)");
             if args.transport == TransportKind::LinuxVmSrp {
                 linux_vm_srp_backend(&options)
                     .map(Built::Srp)
