@@ -41,7 +41,7 @@ use crate::scsi_target::BlockSize;
 use crate::vm::link::{LinkWire, isert_node_record, srpt_add_target, tcg_cm_config};
 use crate::vm::{
     Backstore, LunConfig, MAX_LUNS, PrepareOptions, TargetInfo, Vm, VmConfig, VmError, WorkDir,
-    prepare,
+    log_tail, prepare,
 };
 
 /// The initiator's IQN towards LIO.
@@ -223,6 +223,12 @@ struct Booted {
     wire: Arc<LinkWire>,
 }
 
+/// `e` with the tail of the VM's console log (the kernel's view of a
+/// failed login or a stuck target), which is kept after the VM stops.
+fn with_console(e: BackendError, console: &std::path::Path) -> BackendError {
+    BackendError::new(format!("{e}\n{}", log_tail(console, 15)))
+}
+
 fn vm_error(what: &str, e: &VmError) -> BackendError {
     BackendError::new(format!("{what}: {e}"))
 }
@@ -270,8 +276,6 @@ fn boot(options: &LinuxVmOptions, protocol: VmProtocol) -> Result<Booted, Backen
         .max(config.machine.memory_mib);
     config.srpt.enabled = protocol == VmProtocol::Srp;
     config.iser.enabled = protocol == VmProtocol::Iser;
-    // Benchmark quietly: the console only logs warnings and worse.
-    config.machine.console_loglevel = 4;
     let mut vm = Vm::boot(&config, &prepared).map_err(|e| vm_error("booting the VM", &e))?;
     let info = vm.info().clone();
     let sock = vm
@@ -338,8 +342,11 @@ pub fn linux_vm_srp_backend(
         description: describe(VmProtocol::Srp, &booted.info, options),
     };
     let platform = bench_platform(options.processors);
-    let started = platform.run_passive(|p| build_srp(&platform, booted, options, p))?;
-    rdma_backend(started, identity, options.sg_shape)
+    let console = booted.vm.paths().console_log.clone();
+    platform
+        .run_passive(|p| build_srp(&platform, booted, options, p))
+        .and_then(|started| rdma_backend(started, identity, options.sg_shape))
+        .map_err(|e| with_console(e, &console))
 }
 
 fn build_srp(
@@ -432,8 +439,11 @@ pub fn linux_vm_iser_backend(
         description: describe(VmProtocol::Iser, &booted.info, options),
     };
     let platform = bench_platform(options.processors);
-    let started = platform.run_passive(|p| build_iser(&platform, booted, options, p))?;
-    rdma_backend(started, identity, options.sg_shape)
+    let console = booted.vm.paths().console_log.clone();
+    platform
+        .run_passive(|p| build_iser(&platform, booted, options, p))
+        .and_then(|started| rdma_backend(started, identity, options.sg_shape))
+        .map_err(|e| with_console(e, &console))
 }
 
 fn build_iser(
