@@ -7,7 +7,6 @@
 //! by `iscsiadm` node records parsed by the driver's own parser. The same
 //! workload types ([`crate::Io`], [`crate::Workload`]) and checks apply.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -22,12 +21,12 @@ use storport_srp::iscsi::description::TargetDescription;
 use storport_srp::iser::{IserConfig, IserStats, IserTransport};
 use storport_srp::miniport::transport::TargetState;
 use storport_srp::miniport::{Adapter, AdapterConfig, CoreContext};
+use storport_srp::storport::Address;
 use storport_srp::storport::host::{
-    HostPort, ModelConfig, RequestOutcome, RequestSpec, RequestState, SgShape, StorPortModel,
+    HostPort, ModelConfig, RequestOutcome, RequestSpec, SgShape, StorPortModel,
 };
-use storport_srp::storport::{Address, SrbStatus};
 
-use crate::{INITIATOR_IP, Io, IoDone, Op, cm_timing, first_difference, rw_cdb, target_ip};
+use crate::{INITIATOR_IP, Io, IoDone, cm_timing, rw_cdb, target_ip};
 
 pub use kverbs_tools::scsi_target::{BlockSize, LunConfig};
 
@@ -348,11 +347,7 @@ impl IserStack {
     /// The medium of a LUN.
     #[must_use]
     pub fn medium(&self, target: u8, lun: u8, lba: u64, blocks: u64) -> Vec<u8> {
-        let mut out = Vec::new();
-        if let Some(l) = self.target(usize::from(target)).scsi().lun(u16::from(lun)) {
-            let _ = l.read_blocks(lba, blocks, &mut |b| out.extend_from_slice(b));
-        }
-        out
+        crate::driver::FullStack::medium(self, target, lun, lba, blocks)
     }
 
     /// Submits a request.
@@ -360,18 +355,13 @@ impl IserStack {
     /// # Panics
     /// If the model refuses it.
     pub fn submit(&self, spec: &RequestSpec, p: &Passive<'_>) -> u32 {
-        match self.model.submit(spec, p) {
-            Ok(id) => id,
-            Err(e) => panic!("submit: {e:?}"),
-        }
+        crate::driver::submit(self, spec, p)
     }
 
     /// Whether request `id` completed.
     #[must_use]
     pub fn done(&self, id: u32) -> bool {
-        self.model
-            .outcome(id)
-            .is_some_and(|o| o.state == RequestState::Completed)
+        crate::driver::done(self, id)
     }
 
     /// Waits for requests (pumping the model).
@@ -483,62 +473,7 @@ impl IserStack {
     /// # Panics
     /// On a data mismatch or a request that does not complete in time.
     pub fn run_ios(&self, ios: &[Io], depth: usize, p: &Passive<'_>) -> Vec<IoDone> {
-        let depth = depth.max(1);
-        let mut results: Vec<Option<IoDone>> = (0..ios.len()).map(|_| None).collect();
-        let mut next = 0usize;
-        let mut in_flight: BTreeMap<u32, usize> = BTreeMap::new();
-        let start = Instant::now();
-        while next < ios.len() || !in_flight.is_empty() {
-            while next < ios.len() && in_flight.len() < depth {
-                let Some(io) = ios.get(next) else { break };
-                let overlaps = in_flight
-                    .values()
-                    .filter_map(|i| ios.get(*i))
-                    .any(|o| o.overlaps_with(io));
-                if overlaps {
-                    break;
-                }
-                let id = self.submit(&io.request(), p);
-                in_flight.insert(id, next);
-                next += 1;
-            }
-            let finished: Vec<u32> = in_flight
-                .keys()
-                .copied()
-                .filter(|id| self.done(*id))
-                .collect();
-            for id in finished {
-                let Some(index) = in_flight.remove(&id) else {
-                    continue;
-                };
-                let Some(io) = ios.get(index) else { continue };
-                let outcome = self
-                    .model
-                    .outcome(id)
-                    .unwrap_or_else(|| panic!("no request {id}"));
-                let data = self.model.data(id).unwrap_or_default();
-                let done = IoDone { id, outcome, data };
-                if done.outcome.status.base() == SrbStatus::SUCCESS {
-                    self.check(io, &done);
-                }
-                if let Some(slot) = results.get_mut(index) {
-                    *slot = Some(done);
-                }
-            }
-            assert!(
-                start.elapsed() < Duration::from_secs(120),
-                "I/O did not finish: {} in flight",
-                in_flight.len()
-            );
-            if !in_flight.is_empty() {
-                self.model.pump(p);
-                std::thread::yield_now();
-            }
-        }
-        results
-            .into_iter()
-            .map(|r| r.unwrap_or_else(|| panic!("missing result")))
-            .collect()
+        crate::driver::run_ios(self, ios, depth, p)
     }
 
     /// Checks a successful I/O against the medium.
@@ -546,21 +481,7 @@ impl IserStack {
     /// # Panics
     /// On a mismatch.
     pub fn check(&self, io: &Io, done: &IoDone) {
-        let medium = self.medium(io.target, io.lun, io.lba, u64::from(io.blocks));
-        let (what, got) = match io.op {
-            Op::Write => ("write", &io.data),
-            Op::Read => ("read", &done.data),
-        };
-        assert!(
-            &medium == got,
-            "{what} of {} blocks at {} on {}:{} ({:?}) differs from the medium at byte {:?}",
-            io.blocks,
-            io.lba,
-            io.target,
-            io.lun,
-            io.shape,
-            first_difference(&medium, got)
-        );
+        crate::driver::check(self, io, done);
     }
 
     /// Tears down and checks: the adapter stops with no connection left,
@@ -607,5 +528,17 @@ impl IserStack {
         let IserStack { model, fabric, .. } = self;
         model.finish();
         drop(fabric);
+    }
+}
+
+impl crate::driver::FullStack for IserStack {
+    type Miniport = IserAdapter;
+
+    fn model(&self) -> &StorPortModel<IserAdapter> {
+        &self.model
+    }
+
+    fn scsi(&self, target: u8) -> Arc<kverbs_tools::scsi_target::ScsiTarget> {
+        self.target(usize::from(target)).scsi()
     }
 }

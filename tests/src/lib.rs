@@ -24,10 +24,10 @@
 //! exactly once (the model), no connection left open, no CM consumer left,
 //! and no verifier violation.
 
+pub mod driver;
 pub mod interop;
 pub mod iser;
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -45,10 +45,10 @@ use storport_srp::scsi::cdb::{
 };
 use storport_srp::srp::params::{TargetParams, parse_add_target};
 use storport_srp::srp::{SrpConfig, SrpTransport, TargetStats};
+use storport_srp::storport::Address;
 use storport_srp::storport::host::{
-    HostPort, ModelConfig, RequestOutcome, RequestSpec, RequestState, SgShape, StorPortModel,
+    HostPort, ModelConfig, RequestOutcome, RequestSpec, SgShape, StorPortModel,
 };
-use storport_srp::storport::{Address, SrbStatus};
 
 pub use kverbs_tools::scsi_target::{BlockSize, LunConfig};
 pub use kverbs_tools::srp_target::{self, CmTiming, SrpTarget, SrpTargetConfig};
@@ -471,11 +471,7 @@ impl Stack {
     /// The medium of a target's LUN, `blocks` at `lba`.
     #[must_use]
     pub fn medium(&self, target: u8, lun: u8, lba: u64, blocks: u64) -> Vec<u8> {
-        let mut out = Vec::new();
-        if let Some(l) = self.target(usize::from(target)).scsi().lun(u16::from(lun)) {
-            let _ = l.read_blocks(lba, blocks, &mut |b| out.extend_from_slice(b));
-        }
-        out
+        crate::driver::FullStack::medium(self, target, lun, lba, blocks)
     }
 
     /// Submits a request.
@@ -483,18 +479,13 @@ impl Stack {
     /// # Panics
     /// If the model cannot create it (table full, no memory).
     pub fn submit(&self, spec: &RequestSpec, p: &Passive<'_>) -> u32 {
-        match self.model.submit(spec, p) {
-            Ok(id) => id,
-            Err(e) => panic!("submit: {e:?}"),
-        }
+        crate::driver::submit(self, spec, p)
     }
 
     /// Whether request `id` has completed.
     #[must_use]
     pub fn done(&self, id: u32) -> bool {
-        self.model
-            .outcome(id)
-            .is_some_and(|o| o.state == RequestState::Completed)
+        crate::driver::done(self, id)
     }
 
     /// Waits for requests to complete (real time; StorPort's clock does not
@@ -646,64 +637,7 @@ impl Stack {
     /// # Panics
     /// On a data mismatch, or a request that does not complete in time.
     pub fn run_ios(&self, ios: &[Io], depth: usize, p: &Passive<'_>) -> Vec<IoDone> {
-        let depth = depth.max(1);
-        let mut results: Vec<Option<IoDone>> = (0..ios.len()).map(|_| None).collect();
-        let mut next = 0usize;
-        let mut in_flight: BTreeMap<u32, usize> = BTreeMap::new();
-        let start = Instant::now();
-        while next < ios.len() || !in_flight.is_empty() {
-            while next < ios.len() && in_flight.len() < depth {
-                let overlaps = ios.get(next).is_some_and(|io| {
-                    in_flight
-                        .values()
-                        .filter_map(|i| ios.get(*i))
-                        .any(|o| o.overlaps(io))
-                });
-                if overlaps {
-                    break;
-                }
-                let Some(io) = ios.get(next) else { break };
-                let id = self.submit(&io.spec(self), p);
-                in_flight.insert(id, next);
-                next += 1;
-            }
-            let finished: Vec<u32> = in_flight
-                .keys()
-                .copied()
-                .filter(|id| self.done(*id))
-                .collect();
-            for id in finished {
-                let Some(index) = in_flight.remove(&id) else {
-                    continue;
-                };
-                let Some(io) = ios.get(index) else { continue };
-                let outcome = self
-                    .model
-                    .outcome(id)
-                    .unwrap_or_else(|| panic!("no request {id}"));
-                let data = self.model.data(id).unwrap_or_default();
-                let done = IoDone { id, outcome, data };
-                if done.outcome.status.base() == SrbStatus::SUCCESS {
-                    self.check(io, &done);
-                }
-                if let Some(slot) = results.get_mut(index) {
-                    *slot = Some(done);
-                }
-            }
-            assert!(
-                start.elapsed() < Duration::from_secs(120),
-                "I/O did not finish: {} in flight",
-                in_flight.len()
-            );
-            if !in_flight.is_empty() {
-                self.model.pump(p);
-                std::thread::yield_now();
-            }
-        }
-        results
-            .into_iter()
-            .map(|r| r.unwrap_or_else(|| panic!("missing result")))
-            .collect()
+        crate::driver::run_ios(self, ios, depth, p)
     }
 
     /// Checks a successful I/O against the medium.
@@ -711,31 +645,7 @@ impl Stack {
     /// # Panics
     /// On a mismatch.
     pub fn check(&self, io: &Io, done: &IoDone) {
-        let medium = self.medium(io.target, io.lun, io.lba, u64::from(io.blocks));
-        match io.op {
-            Op::Write => {
-                assert!(
-                    medium == io.data,
-                    "write of {} blocks at {} on {}:{} not on the medium (first difference at byte {:?})",
-                    io.blocks,
-                    io.lba,
-                    io.target,
-                    io.lun,
-                    first_difference(&medium, &io.data)
-                );
-            }
-            Op::Read => {
-                assert!(
-                    medium == done.data,
-                    "read of {} blocks at {} on {}:{} differs from the medium (first difference at byte {:?})",
-                    io.blocks,
-                    io.lba,
-                    io.target,
-                    io.lun,
-                    first_difference(&medium, &done.data)
-                );
-            }
-        }
+        crate::driver::check(self, io, done);
     }
 
     /// Tears everything down and checks: the adapter stops (the engine
@@ -843,13 +753,6 @@ impl std::fmt::Debug for Io {
 }
 
 impl Io {
-    fn overlaps(&self, other: &Io) -> bool {
-        self.target == other.target
-            && self.lun == other.lun
-            && self.lba < other.lba + u64::from(other.blocks)
-            && other.lba < self.lba + u64::from(self.blocks)
-    }
-
     /// The request for it.
     #[must_use]
     pub fn spec(&self, _stack: &Stack) -> RequestSpec {
@@ -859,7 +762,10 @@ impl Io {
     /// Whether two I/Os touch the same blocks.
     #[must_use]
     pub fn overlaps_with(&self, other: &Io) -> bool {
-        self.overlaps(other)
+        self.target == other.target
+            && self.lun == other.lun
+            && self.lba < other.lba + u64::from(other.blocks)
+            && other.lba < self.lba + u64::from(self.blocks)
     }
 
     /// The request for it, on any transport's stack.
@@ -1048,4 +954,16 @@ pub fn env_count(name: &str, default: usize) -> usize {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)
+}
+
+impl crate::driver::FullStack for Stack {
+    type Miniport = SrpAdapter;
+
+    fn model(&self) -> &StorPortModel<SrpAdapter> {
+        &self.model
+    }
+
+    fn scsi(&self, target: u8) -> Arc<kverbs_tools::scsi_target::ScsiTarget> {
+        Arc::clone(self.target(usize::from(target)).scsi())
+    }
 }

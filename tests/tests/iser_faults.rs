@@ -13,8 +13,8 @@
 use std::time::Duration;
 
 use hca_lowlevel::sim::FaultConfig;
-use kverbs::irql::Passive;
 use kverbs::platform::host::VerifierAllocator;
+use kverbs_tests::driver::{light_loss, retry_failed, rough_link, truthful, with_fault};
 use kverbs_tests::iser::{IserSetup, IserStack, IserStackConfig};
 use kverbs_tests::{Io, IoDone, Workload, env_count};
 use kverbs_tools::iser_target::IserMisbehaviour;
@@ -121,54 +121,6 @@ fn mappable(mut ios: Vec<Io>) -> Vec<Io> {
     ios
 }
 
-/// Successes were checked against the medium by `run_ios`; everything
-/// else must be a status in `allowed`, with no data reported.
-fn truthful(done: &[IoDone], allowed: &[SrbStatus]) -> usize {
-    let mut failed = 0;
-    for d in done {
-        assert_eq!(d.outcome.completions, 1, "{d:?}");
-        let base = d.outcome.status.base();
-        if base != SrbStatus::SUCCESS {
-            assert!(allowed.contains(&base), "unexpected status: {d:?}");
-            assert_eq!(d.outcome.data_transfer_length, 0, "{d:?}");
-            failed += 1;
-        }
-    }
-    failed
-}
-
-/// The class driver's retry of what failed: it must all succeed now.
-fn retry_failed(s: &IserStack, ios: &[Io], done: &[IoDone], p: &Passive<'_>) {
-    let again: Vec<Io> = ios
-        .iter()
-        .zip(done)
-        .filter(|(_, d)| d.outcome.status.base() != SrbStatus::SUCCESS)
-        .map(|(io, _)| io.clone())
-        .collect();
-    for d in s.run_ios(&again, 8, p) {
-        assert_eq!(d.outcome.status.base(), SrbStatus::SUCCESS, "{d:?}");
-    }
-}
-
-/// Runs `ios` at `depth` while `fault` runs on another thread after
-/// `after`.
-fn with_fault(
-    s: &IserStack,
-    ios: &[Io],
-    depth: usize,
-    after: Duration,
-    fault: impl FnOnce() + Send,
-    p: &Passive<'_>,
-) -> Vec<IoDone> {
-    std::thread::scope(|scope| {
-        scope.spawn(move || {
-            std::thread::sleep(after);
-            fault();
-        });
-        s.run_ios(ios, depth, p)
-    })
-}
-
 fn set_link(s: &IserStack, faults: FaultConfig) {
     s.fabric.set_link_faults(&s.initiator, &s.hcas[0], faults);
     s.fabric.set_link_faults(&s.hcas[0], &s.initiator, faults);
@@ -208,15 +160,7 @@ fn lossy(faults: FaultConfig, seed: u64, allowed: &[SrbStatus]) -> (usize, u64) 
 #[test]
 fn packet_loss_is_repaired_by_the_transport() {
     for seed in 0..env_count("KV_ISER_FAULT_SEEDS", 2) as u64 {
-        let (failed, faults) = lossy(
-            FaultConfig {
-                drop: 0.005,
-                jitter_ns: 20_000,
-                ..FaultConfig::default()
-            },
-            300 + seed,
-            &[],
-        );
+        let (failed, faults) = lossy(light_loss(), 300 + seed, &[]);
         assert_eq!(failed, 0);
         assert!(faults > 0, "frames were lost");
     }
@@ -228,19 +172,7 @@ fn reordering_duplication_and_corruption() {
     // fails, the session is reinstated, and the requests it took fail for
     // retry — never silently.
     for seed in 0..env_count("KV_ISER_FAULT_SEEDS", 2) as u64 {
-        let (_, faults) = lossy(
-            FaultConfig {
-                drop: 0.005,
-                duplicate: 0.01,
-                reorder: 0.03,
-                reorder_delay_ns: 300_000,
-                corrupt: 0.005,
-                jitter_ns: 20_000,
-                ..FaultConfig::default()
-            },
-            400 + seed,
-            &[SrbStatus::BUS_RESET],
-        );
+        let (_, faults) = lossy(rough_link(), 400 + seed, &[SrbStatus::BUS_RESET]);
         assert!(faults > 0);
     }
 }

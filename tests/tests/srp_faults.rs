@@ -10,8 +10,9 @@ use std::time::Duration;
 
 use hca_lowlevel::sim::FaultConfig;
 use kverbs::platform::host::VerifierAllocator;
+use kverbs_tests::driver::{light_loss, retry_failed, rough_link, truthful, with_fault};
 use kverbs_tests::srp_target::{Misbehaviour, Selector};
-use kverbs_tests::{Io, IoDone, Stack, StackConfig, TargetSetup, Workload, env_count};
+use kverbs_tests::{Stack, StackConfig, TargetSetup, Workload, env_count};
 use storport_srp::miniport::transport::TargetState;
 use storport_srp::srp::SrpConfig;
 use storport_srp::srp::params::Timeouts;
@@ -23,34 +24,6 @@ static ALLOCATOR: VerifierAllocator = VerifierAllocator;
 
 fn wide() -> TargetSetup {
     TargetSetup::standard().keys("cmd_sg_entries=255,sg_tablesize=2048")
-}
-
-/// Successes are checked against the medium by `run_ios`; everything else
-/// must be a status the class driver retries.
-fn truthful(done: &[IoDone], allowed: &[SrbStatus]) -> usize {
-    let mut failed = 0;
-    for d in done {
-        assert_eq!(d.outcome.completions, 1, "{d:?}");
-        let base = d.outcome.status.base();
-        if base != SrbStatus::SUCCESS {
-            assert!(allowed.contains(&base), "unexpected status: {d:?}");
-            assert_eq!(d.outcome.data_transfer_length, 0, "{d:?}");
-            failed += 1;
-        }
-    }
-    failed
-}
-
-fn retry_failed(s: &Stack, ios: &[Io], done: &[IoDone], p: &kverbs::irql::Passive<'_>) {
-    let again: Vec<Io> = ios
-        .iter()
-        .zip(done)
-        .filter(|(_, d)| d.outcome.status.base() != SrbStatus::SUCCESS)
-        .map(|(io, _)| io.clone())
-        .collect();
-    for d in s.run_ios(&again, 8, p) {
-        assert_eq!(d.outcome.status.base(), SrbStatus::SUCCESS, "{d:?}");
-    }
 }
 
 fn lossy(faults: FaultConfig, seed: u64, allowed: &[SrbStatus]) -> (usize, u64) {
@@ -106,15 +79,7 @@ fn lossy(faults: FaultConfig, seed: u64, allowed: &[SrbStatus]) -> (usize, u64) 
 #[test]
 fn packet_loss_is_repaired_by_the_transport() {
     for seed in 0..env_count("SRP_FAULT_SEEDS", 2) as u64 {
-        let (failed, faults) = lossy(
-            FaultConfig {
-                drop: 0.005,
-                jitter_ns: 20_000,
-                ..FaultConfig::default()
-            },
-            100 + seed,
-            &[],
-        );
+        let (failed, faults) = lossy(light_loss(), 100 + seed, &[]);
         assert_eq!(failed, 0);
         assert!(faults > 0, "frames were lost");
     }
@@ -126,40 +91,9 @@ fn reordering_duplication_and_corruption() {
     // NAKs count against it): the connection then fails and recovers, and
     // the requests it took fail for retry — never silently.
     for seed in 0..env_count("SRP_FAULT_SEEDS", 2) as u64 {
-        let (_, faults) = lossy(
-            FaultConfig {
-                drop: 0.005,
-                duplicate: 0.01,
-                reorder: 0.03,
-                reorder_delay_ns: 300_000,
-                corrupt: 0.005,
-                jitter_ns: 20_000,
-                ..FaultConfig::default()
-            },
-            200 + seed,
-            &[SrbStatus::BUS_RESET],
-        );
+        let (_, faults) = lossy(rough_link(), 200 + seed, &[SrbStatus::BUS_RESET]);
         assert!(faults > 0);
     }
-}
-
-/// Runs `ios` at `depth` while `fault` runs on another thread after
-/// `after`; returns the results.
-fn with_fault(
-    s: &Stack,
-    ios: &[Io],
-    depth: usize,
-    after: Duration,
-    fault: impl FnOnce() + Send,
-    p: &kverbs::irql::Passive<'_>,
-) -> Vec<IoDone> {
-    std::thread::scope(|scope| {
-        scope.spawn(move || {
-            std::thread::sleep(after);
-            fault();
-        });
-        s.run_ios(ios, depth, p)
-    })
 }
 
 #[test]

@@ -47,7 +47,7 @@ use kverbs::pd::Pd;
 use kverbs::platform::{DpcTarget, Platform};
 use kverbs::qp::{Qp, QpConfig, QpHandler};
 use kverbs::sync::SpinLock;
-use kverbs::wr::{Completion, Sge};
+use kverbs::wr::{Completion, Payload, SendWr, Sge, Signal};
 
 use super::engine::Engine;
 use super::login::{LoginFailure, Negotiated};
@@ -408,6 +408,36 @@ impl<P: Platform> Conn<P> {
     /// The SGE of `len` bytes at `offset` of the transmit buffer.
     pub(crate) fn tx_sge(&self, offset: u64, len: u32) -> Option<Sge> {
         self.tx.sge(offset, len)
+    }
+
+    /// Copies `iu` into the send buffer at `offset` and posts it as one
+    /// signalled SEND carrying `ctx`: how the small control IUs (TMF,
+    /// CRED/AER responses) go out. `false` if it could not be posted.
+    ///
+    /// # IRQL
+    /// <= `DISPATCH_LEVEL`.
+    pub(crate) fn send_iu(
+        &self,
+        offset: u64,
+        iu: &[u8],
+        ctx: WrCtx,
+        irql: &impl LeDispatch,
+    ) -> bool {
+        let Ok(len) = u32::try_from(iu.len()) else {
+            return false;
+        };
+        self.tx
+            .mem()
+            .write(usize::try_from(offset).unwrap_or(usize::MAX), iu)
+            .is_ok()
+            && self.tx_sge(offset, len).is_some_and(|sge| {
+                self.qp.begin_send(irql).is_ok_and(|mut batch| {
+                    batch
+                        .send(&SendWr::new(Payload::Sges(&[sge])), Signal::Signalled(ctx))
+                        .is_ok()
+                        && batch.commit() == 1
+                })
+            })
     }
 
     /// The cause the connection ended with.
