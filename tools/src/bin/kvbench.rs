@@ -190,11 +190,12 @@ struct Args {
     #[arg(long)]
     plots: Option<PathBuf>,
 
-    /// Targets in the embedded stack.
+    /// Targets in the embedded stack (linux-vm: one).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=16))]
     targets: u8,
 
-    /// LUNs per target in the embedded stack.
+    /// LUNs per target in the embedded stack, or of the VM's target
+    /// (linux-vm, at most 16).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=16))]
     luns: u8,
 
