@@ -806,7 +806,27 @@ impl<T: InteropEngine> Interop<T> {
         timeout: Duration,
         p: &Passive<'_>,
     ) -> Vec<IoDone> {
+        self.run_ios_measured(ios, depth, shadows, timeout, p).0
+    }
+
+    /// [`Self::run_ios`], also saying how deep the queue really was: an
+    /// I/O overlapping one in flight waits for it (and everything behind
+    /// waits too), so the depth asked for is a ceiling, not a fact.
+    ///
+    /// # Panics
+    /// As [`Self::run_ios`].
+    pub fn run_ios_measured(
+        &self,
+        ios: &[Io],
+        depth: usize,
+        shadows: &mut BTreeMap<u8, ShadowDisk>,
+        timeout: Duration,
+        p: &Passive<'_>,
+    ) -> (Vec<IoDone>, QueueDepth) {
         let depth = depth.max(1);
+        let mut queue = QueueDepth::default();
+        let mut depth_time = 0.0f64;
+        let mut last = Instant::now();
         let mut results: Vec<Option<IoDone>> = (0..ios.len()).map(|_| None).collect();
         let mut next = 0usize;
         let mut in_flight: BTreeMap<u32, usize> = BTreeMap::new();
@@ -823,15 +843,24 @@ impl<T: InteropEngine> Interop<T> {
                     break;
                 }
                 let spec = io_spec(io);
+                let now = Instant::now();
+                depth_time += in_flight.len() as f64 * (now - last).as_secs_f64();
+                last = now;
                 let id = self.submit(&spec, p);
                 in_flight.insert(id, next);
                 next += 1;
+                queue.peak = queue.peak.max(in_flight.len());
             }
             let finished: Vec<u32> = in_flight
                 .keys()
                 .copied()
                 .filter(|id| self.done(*id))
                 .collect();
+            if !finished.is_empty() {
+                let now = Instant::now();
+                depth_time += in_flight.len() as f64 * (now - last).as_secs_f64();
+                last = now;
+            }
             for id in finished {
                 let Some(index) = in_flight.remove(&id) else {
                     continue;
@@ -880,10 +909,15 @@ impl<T: InteropEngine> Interop<T> {
                 std::thread::sleep(Duration::from_micros(200));
             }
         }
-        results
+        let secs = start.elapsed().as_secs_f64();
+        if secs > 0.0 {
+            queue.mean = depth_time / secs;
+        }
+        let results = results
             .into_iter()
             .map(|r| r.unwrap_or_else(|| panic!("missing result")))
-            .collect()
+            .collect();
+        (results, queue)
     }
 
     /// Stops the adapter (the orderly logout: the engine disconnects its
@@ -933,6 +967,15 @@ impl<T: InteropEngine> Interop<T> {
         model.finish();
         drop(fabric);
     }
+}
+
+/// How many I/Os a run really kept in flight.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct QueueDepth {
+    /// The most in flight at once.
+    pub peak: usize,
+    /// In flight on average over the run (time-weighted).
+    pub mean: f64,
 }
 
 /// StorPort's request timeout for the interop I/O: Windows' disk class
