@@ -836,9 +836,24 @@ fn reconnect_phase(
         sessions.contains(INITIATOR_NAME),
         "LIO lists no session after the reconnect: {sessions:?}"
     );
+    // Why LIO refused the logins while disabled (a disabled TPG is not
+    // found: a target-error login response, which the engine retries).
+    let no_tpg: u64 = exec(
+        vm,
+        "dmesg | grep -c 'Unable to locate Target Portal Group' || true",
+    )
+    .trim()
+    .parse()
+    .unwrap_or(0);
+    assert!(
+        refused == 0 || no_tpg > 0,
+        "{refused} logins refused, but not for the disabled TPG:\n{}",
+        target_log(vm)
+    );
     rec.note(format!(
         "TPG disabled: session lost after {:.2} s (why {}); {held} of {} I/Os submitted during the \
-         outage held; {refused} login(s) refused while disabled; logged in again {:.2} s after \
+         outage held; {refused} login(s) refused while disabled (LIO: TPG not found \
+         {no_tpg}x); logged in again {:.2} s after \
          re-enable; in flight {a:?}, during {b:?}",
         lost.as_secs_f64(),
         why,
