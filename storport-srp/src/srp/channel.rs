@@ -68,6 +68,7 @@ use super::engine::{Engine, RSP_IUS, SENSE_MAX, Sizing, TMF_SLOTS, Target, Why, 
 use super::iu::{self, CommandHeader};
 use super::login::{self, LoginFailure, Negotiated};
 use super::mapping::{self, PAGE_SHIFT, Plan, Run};
+use super::params::MAX_CH_COUNT;
 use super::recovery::Cause;
 use super::tags::{FreeSlots, TagKind, WireTag, next_generation};
 use crate::miniport::transport::{
@@ -1483,6 +1484,13 @@ impl<P: Platform> Engine<P> {
         )
     }
 
+    /// A LOGICAL UNIT RESET, sent on every live channel. RC orders a TMF
+    /// only behind the commands of its own QP: a reset sent on one channel
+    /// can overtake commands still in flight on another, which the target
+    /// then runs after the initiator has already fenced their memory (the
+    /// target's RDMA hits an invalidated key and the connection dies).
+    /// Each channel's reset therefore covers that channel's commands, and
+    /// the core hears once, when every channel has answered.
     pub(crate) fn reset_lun(
         &self,
         target: u8,
@@ -1491,22 +1499,128 @@ impl<P: Platform> Engine<P> {
         irql: &impl LeDispatch,
     ) -> Result<(), TmfRefused> {
         let t = self.target(target).ok_or(TmfRefused::NotConnected)?;
-        let channel = t
-            .channels
-            .iter()
-            .find(|c| c.state.lock(irql).live)
-            .map(|c| c.index)
-            .ok_or(TmfRefused::NotConnected)?;
-        self.send_tmf(
-            t,
-            channel,
-            TaskMgmtFunction::LunReset,
-            lun,
-            0,
-            None,
-            tmf,
-            irql,
-        )
+        // Reserve a slot and a credit on every live channel first, so the
+        // reset is all or nothing: a channel left out would keep commands
+        // the target may abort without a word.
+        let mut reserved: heapless::Vec<(u8, u16, Arc<Conn<P>>), { MAX_CH_COUNT as usize }> =
+            heapless::Vec::new();
+        let mut refused = None;
+        for ch in t.channels.iter() {
+            match self.reserve_tmf(ch, irql) {
+                Ok((index, conn)) => {
+                    if reserved.push((ch.index, index, conn)).is_err() {
+                        refused = Some(TmfRefused::Busy);
+                        break;
+                    }
+                }
+                Err(TmfRefused::NotConnected) => {}
+                Err(e) => {
+                    refused = Some(e);
+                    break;
+                }
+            }
+        }
+        let refused = match refused {
+            Some(e) => Some(e),
+            None if reserved.is_empty() => Some(TmfRefused::NotConnected),
+            None => None,
+        };
+        if let Some(e) = refused {
+            for (channel, index, conn) in reserved {
+                if let Some(ch) = t.channels.get(usize::from(channel)) {
+                    self.unreserve_tmf(ch, index, &conn, irql);
+                }
+            }
+            return Err(e);
+        }
+        // The group holds one extra count until every TMF is posted, so an
+        // answer arriving meanwhile cannot finish it early.
+        let count = u8::try_from(reserved.len()).unwrap_or(u8::MAX);
+        if !self.lun_resets.open(tmf, count.saturating_add(1), irql) {
+            for (channel, index, conn) in reserved {
+                if let Some(ch) = t.channels.get(usize::from(channel)) {
+                    self.unreserve_tmf(ch, index, &conn, irql);
+                }
+            }
+            return Err(TmfRefused::Busy);
+        }
+        for (channel, index, conn) in reserved {
+            let Some(ch) = t.channels.get(usize::from(channel)) else {
+                continue;
+            };
+            let sent = self.post_tmf(
+                t,
+                ch,
+                index,
+                &conn,
+                TaskMgmtFunction::LunReset,
+                lun,
+                0,
+                None,
+                tmf,
+                irql,
+            );
+            if !sent {
+                // This channel's connection is failing: its flush fences
+                // its commands. Count it as answered by the transport.
+                self.unreserve_tmf(ch, index, &conn, irql);
+                self.group_member_done(
+                    tmf,
+                    TmfResponse::Transport(FailureKind::ConnectionReset),
+                    irql,
+                );
+            }
+        }
+        bump(&t.counters.tmfs_sent);
+        self.rearm(t, irql);
+        with_dispatch::<P, _, _>(irql, |d| {
+            self.group_member_done(tmf, TmfResponse::Complete, d);
+        });
+        Ok(())
+    }
+
+    /// One member of a LUN reset group answered (or the sender released
+    /// its hold); the last one tells the core.
+    fn group_member_done(&self, core: Tag, response: TmfResponse, irql: &impl LeDispatch) {
+        if let Some(response) = self.lun_resets.member_done(core, response, irql) {
+            with_dispatch::<P, _, _>(irql, |d| self.upcalls().tmf_done(core, response, d));
+        }
+    }
+
+    /// A free TMF slot and a credit on `ch`, if it is live.
+    fn reserve_tmf(
+        &self,
+        ch: &Channel<P>,
+        irql: &impl LeDispatch,
+    ) -> Result<(u16, Arc<Conn<P>>), TmfRefused> {
+        let mut st = ch.state.lock(irql);
+        if !st.live {
+            return Err(TmfRefused::NotConnected);
+        }
+        let conn = st.current().ok_or(TmfRefused::NotConnected)?;
+        let Some(index) = st.tmf_free.pop() else {
+            return Err(TmfRefused::Busy);
+        };
+        if !st.credits.take_tmf() {
+            let _ = st.tmf_free.push(index);
+            return Err(TmfRefused::Busy);
+        }
+        Ok((index, conn))
+    }
+
+    /// Returns a reservation that was never sent.
+    fn unreserve_tmf(
+        &self,
+        ch: &Channel<P>,
+        index: u16,
+        conn: &Arc<Conn<P>>,
+        irql: &impl LeDispatch,
+    ) {
+        let mut st = ch.state.lock(irql);
+        let _ = st.tmf_free.push(index);
+        if st.is_current(conn) {
+            st.credits.give_back();
+        }
     }
 
     #[expect(clippy::too_many_arguments, reason = "the fields of a TMF")]
@@ -1525,92 +1639,92 @@ impl<P: Platform> Engine<P> {
             .channels
             .get(usize::from(channel))
             .ok_or(TmfRefused::NotConnected)?;
-        let (index, conn) = {
-            let mut st = ch.state.lock(irql);
-            if !st.live {
-                return Err(TmfRefused::NotConnected);
-            }
-            let conn = st.current().ok_or(TmfRefused::NotConnected)?;
-            let Some(index) = st.tmf_free.pop() else {
-                return Err(TmfRefused::Busy);
-            };
-            if !st.credits.take_tmf() {
-                let _ = st.tmf_free.push(index);
-                return Err(TmfRefused::Busy);
-            }
-            (index, conn)
-        };
-        let Some(slot_lock) = ch.tmfs.get(usize::from(index)) else {
-            return Err(TmfRefused::Busy);
-        };
-        let sent = {
-            let mut s = slot_lock.lock(irql);
-            s.phase = TmfPhase::Sent;
-            s.conn = Some(Arc::clone(&conn));
-            s.epoch = conn.epoch;
-            s.core = tmf;
-            s.function = function;
-            s.lun = lun;
-            s.victim = victim;
-            s.deadline = now_ns::<P>().saturating_add(
-                u64::try_from(self.config.tmf_timeout.as_nanos()).unwrap_or(u64::MAX),
-            );
-            s.send_done = false;
-            s.response = None;
-            s.marking_done = false;
-            s.waiting = 0;
-            let repr = TskMgmtRepr {
-                sol_not: SolNot::empty(),
-                tag: WireTag {
-                    kind: TagKind::Tmf,
-                    generation: s.generation,
-                    slot: index,
-                    core: tmf.raw(),
-                }
-                .encode(),
-                lun,
-                function,
-                task_tag,
-            };
-            let mut buf = [0u8; 48];
-            let offset = conn.layout.tmf_offset(index);
-            let generation = s.generation;
-            let ok = repr.emit(&mut TskMgmt::new_unchecked(&mut buf[..])).is_ok()
-                && conn
-                    .tx
-                    .mem()
-                    .write(usize::try_from(offset).unwrap_or(usize::MAX), &buf)
-                    .is_ok()
-                && conn.tx_sge(offset, 48).is_some_and(|sge| {
-                    conn.qp.begin_send(irql).is_ok_and(|mut batch| {
-                        batch
-                            .send(
-                                &SendWr::new(Payload::Sges(&[sge])),
-                                Signal::Signalled(WrCtx::TmfSend {
-                                    slot: index,
-                                    generation,
-                                }),
-                            )
-                            .is_ok()
-                            && batch.commit() == 1
-                    })
-                });
-            if !ok {
-                s.clear();
-            }
-            ok
-        };
-        if !sent {
-            let mut st = ch.state.lock(irql);
-            let _ = st.tmf_free.push(index);
-            if st.is_current(&conn) {
-                st.credits.give_back();
-            }
+        let (index, conn) = self.reserve_tmf(ch, irql)?;
+        if !self.post_tmf(
+            t, ch, index, &conn, function, lun, task_tag, victim, tmf, irql,
+        ) {
+            self.unreserve_tmf(ch, index, &conn, irql);
             return Err(TmfRefused::NotConnected);
         }
         bump(&t.counters.tmfs_sent);
         self.rearm(t, irql);
         Ok(())
+    }
+
+    /// Fills the reserved TMF slot `index` of `ch` and posts its IU;
+    /// `false` if it could not be posted (the slot is cleared, the
+    /// reservation still held).
+    #[expect(clippy::too_many_arguments, reason = "the fields of a TMF")]
+    fn post_tmf(
+        &self,
+        _t: &Target<P>,
+        ch: &Channel<P>,
+        index: u16,
+        conn: &Arc<Conn<P>>,
+        function: TaskMgmtFunction,
+        lun: Lun,
+        task_tag: u64,
+        victim: Option<(u8, u16, u16)>,
+        tmf: Tag,
+        irql: &impl LeDispatch,
+    ) -> bool {
+        let Some(slot_lock) = ch.tmfs.get(usize::from(index)) else {
+            return false;
+        };
+        let mut s = slot_lock.lock(irql);
+        s.phase = TmfPhase::Sent;
+        s.conn = Some(Arc::clone(conn));
+        s.epoch = conn.epoch;
+        s.core = tmf;
+        s.function = function;
+        s.lun = lun;
+        s.victim = victim;
+        s.deadline = now_ns::<P>()
+            .saturating_add(u64::try_from(self.config.tmf_timeout.as_nanos()).unwrap_or(u64::MAX));
+        s.send_done = false;
+        s.response = None;
+        s.marking_done = false;
+        s.waiting = 0;
+        let repr = TskMgmtRepr {
+            sol_not: SolNot::empty(),
+            tag: WireTag {
+                kind: TagKind::Tmf,
+                generation: s.generation,
+                slot: index,
+                core: tmf.raw(),
+            }
+            .encode(),
+            lun,
+            function,
+            task_tag,
+        };
+        let mut buf = [0u8; 48];
+        let offset = conn.layout.tmf_offset(index);
+        let generation = s.generation;
+        let ok = repr.emit(&mut TskMgmt::new_unchecked(&mut buf[..])).is_ok()
+            && conn
+                .tx
+                .mem()
+                .write(usize::try_from(offset).unwrap_or(usize::MAX), &buf)
+                .is_ok()
+            && conn.tx_sge(offset, 48).is_some_and(|sge| {
+                conn.qp.begin_send(irql).is_ok_and(|mut batch| {
+                    batch
+                        .send(
+                            &SendWr::new(Payload::Sges(&[sge])),
+                            Signal::Signalled(WrCtx::TmfSend {
+                                slot: index,
+                                generation,
+                            }),
+                        )
+                        .is_ok()
+                        && batch.commit() == 1
+                })
+            });
+        if !ok {
+            s.clear();
+        }
+        ok
     }
 
     fn tmf_response(
@@ -1664,7 +1778,9 @@ impl<P: Platform> Engine<P> {
                         if c != vch.index || s != index {
                             continue;
                         }
-                    } else if function != TaskMgmtFunction::LunReset {
+                    } else if function != TaskMgmtFunction::LunReset || vch.index != ch.index {
+                        // A LUN reset covers the commands of its own
+                        // channel (see `reset_lun`).
                         continue;
                     }
                     let (marked, done, broken) = {
@@ -1791,7 +1907,17 @@ impl<P: Platform> Engine<P> {
         irql: &Dispatch<'_>,
     ) {
         let _ = ch.state.lock(irql).tmf_free.push(slot);
-        self.upcalls().tmf_done(core, response, irql);
+        self.tmf_answered(core, response, irql);
+    }
+
+    /// A TMF on one channel is over: a LUN reset group member, or a TMF
+    /// of its own.
+    fn tmf_answered(&self, core: Tag, response: TmfResponse, irql: &Dispatch<'_>) {
+        if self.lun_resets.contains(core, irql) {
+            self.group_member_done(core, response, irql);
+        } else {
+            self.upcalls().tmf_done(core, response, irql);
+        }
     }
 
     /// Reports every TMF of `ch` unanswered past its deadline.
@@ -1823,7 +1949,7 @@ impl<P: Platform> Engine<P> {
             if expired.1 {
                 let _ = ch.state.lock(irql).tmf_free.push(index);
             }
-            self.upcalls().tmf_done(
+            self.tmf_answered(
                 expired.0,
                 TmfResponse::Transport(FailureKind::Timeout),
                 irql,

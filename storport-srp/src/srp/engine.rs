@@ -537,6 +537,8 @@ pub(crate) struct Engine<P: Platform> {
     _back: Arc<Back<P>>,
     /// Every connection built and not yet released.
     conns: SpinLock<Vec<Arc<Conn<P>>>, P>,
+    /// LUN resets waiting for their channels' answers.
+    pub(crate) lun_resets: super::reset_group::ResetGroups<P>,
     running: AtomicBool,
     src_port: AtomicU32,
 }
@@ -1335,6 +1337,7 @@ impl<P: Platform> SrpTransport<P> {
             _worker: worker,
             _back: Arc::clone(&back),
             conns: SpinLock::new(Vec::with_capacity(queue_slots)),
+            lun_resets: super::reset_group::ResetGroups::new(),
             running: AtomicBool::new(false),
             src_port: AtomicU32::new(0),
         });

@@ -26,6 +26,7 @@ pub mod login;
 pub mod mapping;
 pub mod params;
 pub mod recovery;
+mod reset_group;
 pub mod tags;
 
 pub use channel::SrpPrepared;
