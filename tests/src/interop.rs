@@ -1342,3 +1342,37 @@ impl<T: InteropEngine> Interop<T> {
 
 /// One MiB.
 pub const MIB: u32 = 1 << 20;
+
+/// Moves each I/O (keeping its LUN and size) to a random place clear of
+/// the `window` I/Os before it on the same LUN, when one is found in a
+/// bounded number of draws, so that `run_ios` at depth `window` seldom
+/// waits on an overlap.
+pub fn spread(
+    rng: &mut fastrand::Rng,
+    ios: &mut [Io],
+    window: usize,
+    shadows: &BTreeMap<u8, ShadowDisk>,
+) {
+    for i in 0..ios.len() {
+        let (before, rest) = ios.split_at_mut(i);
+        let io = &mut rest[0];
+        let recent = &before[i.saturating_sub(window)..];
+        let clear = |lba: u64| {
+            recent.iter().all(|o| {
+                o.lun != io.lun
+                    || o.lba + u64::from(o.blocks) <= lba
+                    || lba + u64::from(io.blocks) <= o.lba
+            })
+        };
+        if clear(io.lba) {
+            continue;
+        }
+        let last = shadows
+            .get(&io.lun)
+            .map_or(0, ShadowDisk::blocks)
+            .saturating_sub(u64::from(io.blocks));
+        if let Some(lba) = (0..200).map(|_| rng.u64(0..=last)).find(|l| clear(*l)) {
+            io.lba = lba;
+        }
+    }
+}

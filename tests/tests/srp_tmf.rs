@@ -153,6 +153,7 @@ fn lun_reset_during_io_completes_the_lun_first() {
         // ch_count=2: the reset goes out on both channels, each covering
         // the commands that channel carried.
         assert_eq!(target.counters().tm_lun_reset, 2);
+        assert_eq!(s.stats(0, p).tmfs_sent, 2);
         target.clear_misbehaviour();
         // The LUN works again; the other LUN never stopped.
         let (o, _) = s.read(0, 0, 0, 8, storport_srp::storport::host::SgShape::Pages, p);

@@ -48,7 +48,7 @@ use kverbs::irql::Passive;
 use kverbs::platform::host::VerifierAllocator;
 use kverbs_tests::interop::{
     Interop, InteropConfig, LinkWire, MIB, PcapGuard, Record, ShadowDisk, all_succeeded,
-    command_in_ua, exec, interop_platform, prepared_or_skip, stripes, wait_until, workload,
+    command_in_ua, exec, interop_platform, prepared_or_skip, spread, stripes, wait_until, workload,
 };
 use kverbs_tests::iser::INITIATOR_NAME;
 use kverbs_tests::{Io, Op, env_count};
@@ -602,37 +602,6 @@ fn data_phase(
         rec.note(format!(
             "LUN {l}: backing file md5 {theirs} matches the shadow"
         ));
-    }
-}
-
-/// Moves each I/O (keeping its LUN and size) to a random place clear of
-/// the `window` I/Os before it on the same LUN, when one is found in a
-/// bounded number of draws, so that `run_ios` at depth `window` seldom
-/// waits on an overlap.
-fn spread(
-    rng: &mut fastrand::Rng,
-    ios: &mut [Io],
-    window: usize,
-    shadows: &BTreeMap<u8, ShadowDisk>,
-) {
-    for i in 0..ios.len() {
-        let (before, rest) = ios.split_at_mut(i);
-        let io = &mut rest[0];
-        let recent = &before[i.saturating_sub(window)..];
-        let clear = |lba: u64| {
-            recent.iter().all(|o| {
-                o.lun != io.lun
-                    || o.lba + u64::from(o.blocks) <= lba
-                    || lba + u64::from(io.blocks) <= o.lba
-            })
-        };
-        if clear(io.lba) {
-            continue;
-        }
-        let last = shadows[&io.lun].blocks() - u64::from(io.blocks);
-        if let Some(lba) = (0..200).map(|_| rng.u64(0..=last)).find(|l| clear(*l)) {
-            io.lba = lba;
-        }
     }
 }
 

@@ -21,7 +21,9 @@
 //!    teardown that checks every request completed exactly once;
 //! 7. a new login with `ch_count=2`: srpt answers the first channel "no
 //!    channel" (so the logout really ended the old session there) and the
-//!    second "maintained", and verified I/O runs over both.
+//!    second "maintained", verified I/O runs over both, then a LUN reset
+//!    with I/O in flight on both channels (sent on each) leaves both
+//!    channels live and the data intact.
 //!
 //! The link's pcap is kept in the VM's run directory when the run fails
 //! (its path printed). Behind the `vm-tests` feature; CI step 62. It skips
@@ -34,7 +36,7 @@ use kverbs::irql::Passive;
 use kverbs::platform::host::VerifierAllocator;
 use kverbs_tests::interop::{
     Interop, InteropConfig, LinkWire, MIB, PcapGuard, Record, ShadowDisk, all_succeeded,
-    command_in_ua, exec, interop_platform, prepared_or_skip, stripes, wait_until, workload,
+    command_in_ua, exec, interop_platform, prepared_or_skip, spread, stripes, wait_until, workload,
 };
 use kverbs_tests::{Io, Op, env_count};
 use kverbs_tools::vm::{Vm, VmConfig};
@@ -247,8 +249,21 @@ fn srp_through_the_miniport_against_linux_srpt() {
         let done = s.run_ios(&ios, 32, &mut shadows, Duration::from_secs(300), p);
         all_succeeded(&done, "two channels");
         let checked = ios.iter().filter(|io| io.op == Op::Read).count();
+        // A LUN reset with I/O in flight on both channels: it goes out on
+        // each (RC orders it only behind its own channel's commands), LIO
+        // resets the LUN for both nexuses, and nothing the initiator
+        // fenced is run afterwards (no transport failure).
+        let tmfs_before = s.stats(p).tmfs_sent;
+        let (reset_n, reset_outcomes, reset_uas) = lun_reset_during_io(&s, &mut rng, &mut shadows, p);
+        s.verify_all(&mut shadows, p);
         let st = s.stats(p);
         assert_eq!(st.transport_failures, 0, "{st:?}");
+        assert_eq!(st.live_channels, 2, "{st:?}");
+        assert_eq!(st.tmfs_sent - tmfs_before, 2, "one reset per channel: {st:?}");
+        rec.note(format!(
+            "ch_count=2: LUN RESET during {reset_n} I/Os on both channels: SUCCESS; outcomes {reset_outcomes:?}; unit attentions {reset_uas:?}; TMFs {}",
+            st.tmfs_sent - tmfs_before
+        ));
         rec.note(format!(
             "ch_count=2: channel 0 {:?}, channel 1 {:?}; {n} I/Os ({checked} reads) at depth 32 in {:.1} s",
             first.multichannel,
@@ -352,9 +367,14 @@ fn data_phase(
                 0.5,
             ));
         }
+        // Placed clear of the `depth` before each, so that an overlap does
+        // not hold the run below its depth (random placement alone kept
+        // "depth 64" far lower).
+        spread(&mut rng, &mut ios, depth, shadows);
         let t = Instant::now();
-        let done = s.run_ios(&ios, depth, shadows, Duration::from_secs(240), p);
+        let (done, queue) = s.run_ios_measured(&ios, depth, shadows, Duration::from_secs(240), p);
         all_succeeded(&done, &format!("depth {depth}"));
+        assert_eq!(queue.peak, depth, "depth {depth}: {queue:?}");
         let secs = t.elapsed().as_secs_f64();
         let bytes: u64 = ios
             .iter()
@@ -371,11 +391,14 @@ fn data_phase(
                 .unwrap_or(0),
         );
         rec.note(format!(
-            "depth {depth}: {n} I/Os ({} reads), {small} B..{large} B, {:.1} MiB in {secs:.1} s ({:.0} IOPS, {:.1} MiB/s)",
+            "depth {depth}: {n} I/Os ({} reads), {small} B..{large} B, {:.1} MiB in {secs:.1} s ({:.0} IOPS, {:.1} MiB/s), \
+             in flight peak {} mean {:.1}",
             ios.iter().filter(|io| io.op == Op::Read).count(),
             bytes as f64 / f64::from(MIB),
             n as f64 / secs,
-            bytes as f64 / f64::from(MIB) / secs
+            bytes as f64 / f64::from(MIB) / secs,
+            queue.peak,
+            queue.mean
         ));
     }
     let st = s.stats(p);
@@ -487,9 +510,28 @@ fn tmf_phase(
         st.tmf_timeouts - timeouts_before
     ));
 
-    // LUN RESET during I/O on LUN 0: reported after every command of the
-    // LUN completed; they completed truthfully.
-    let ios = stripes(&mut rng, &shadows[&0], 0, 24, MIB);
+    let (n, by_status, uas) = lun_reset_during_io(s, &mut rng, shadows, p);
+    rec.note(format!(
+        "LUN RESET during {n} I/Os: SUCCESS; I/O outcomes {by_status:?}; then unit attentions {uas:?}"
+    ));
+    s.verify_all(shadows, p);
+}
+
+/// LUN RESET during I/O on LUN 0: reported after every command of the
+/// LUN completed; they completed truthfully; the next command sees LIO's
+/// unit attention for the reset (or none), then the LUN works. Returns the
+/// I/O count, their outcomes and the unit attentions.
+fn lun_reset_during_io(
+    s: &Interop,
+    rng: &mut fastrand::Rng,
+    shadows: &mut BTreeMap<u8, ShadowDisk>,
+    p: &Passive<'_>,
+) -> (
+    usize,
+    std::collections::HashMap<SrbStatus, usize>,
+    Vec<storport_srp::scsi::AdditionalSense>,
+) {
+    let ios = stripes(rng, &shadows[&0], 0, 24, MIB);
     let ids = s.submit_all(&ios, p);
     std::thread::sleep(Duration::from_millis(20));
     let reset = s.submit(
@@ -513,15 +555,9 @@ fn tmf_phase(
             "after a LUN reset: {by_status:?}"
         );
     }
-    // The next command sees LIO's unit attention for the reset (or none);
-    // then the LUN works, and what it holds is what we know.
     let (o, _, uas) = command_in_ua(s, 0, |s, l, p| s.read_capacity(l, p), p);
     assert_eq!(o.status.base(), SrbStatus::SUCCESS, "{o:?}");
-    rec.note(format!(
-        "LUN RESET during {} I/Os: SUCCESS; I/O outcomes {by_status:?}; then unit attentions {uas:?}",
-        ios.len()
-    ));
-    s.verify_all(shadows, p);
+    (ios.len(), by_status, uas)
 }
 
 /// The target drops the session: the TPG is disabled in configfs (srpt
