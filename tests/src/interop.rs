@@ -21,14 +21,12 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::Write as _;
-use std::os::unix::net::UnixDatagram;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use hca_lowlevel::sim::{
-    ExecMode, Fabric, FabricConfig, FrameSocket, HcaConfig, LinkConfig, LinkStats, SoftHca,
+    ExecMode, Fabric, FabricConfig, HcaConfig, LinkConfig, LinkStats, SoftHca,
 };
 use hca_lowlevel::wire::EthernetAddress;
 use kverbs::cm::{CmConfig, CmError, CmPort, CmPortConfig};
@@ -53,60 +51,9 @@ use crate::{Hp, Io, IoDone, Op, SetupError, cdb_bytes, first_difference, rw_cdb}
 use storport_srp::scsi::cdb::{CdbRepr, InquiryCdb, ReadCapacity16Cdb, ReportLunsCdb};
 use storport_srp::scsi::sense::{AdditionalSense, SenseKey, SenseRepr};
 
-/// The host end of the VM's Ethernet link: the unix datagram socket, with
-/// frame counters and a switch that drops every frame both ways.
-pub struct LinkWire {
-    sock: UnixDatagram,
-    blackhole: AtomicBool,
-    /// Frames sent to the VM.
-    pub sent: AtomicU64,
-    /// Frames received from the VM.
-    pub received: AtomicU64,
-    /// Frames dropped by the blackhole (both ways).
-    pub dropped: AtomicU64,
-}
-
-impl LinkWire {
-    /// Wraps the VM's link socket.
-    #[must_use]
-    pub fn new(sock: UnixDatagram) -> Self {
-        LinkWire {
-            sock,
-            blackhole: AtomicBool::new(false),
-            sent: AtomicU64::new(0),
-            received: AtomicU64::new(0),
-            dropped: AtomicU64::new(0),
-        }
-    }
-
-    /// Drops every frame both ways while `on` (a cable pulled).
-    pub fn set_blackhole(&self, on: bool) {
-        self.blackhole.store(on, Ordering::SeqCst);
-    }
-}
-
-impl FrameSocket for LinkWire {
-    fn send(&self, frame: &[u8]) -> std::io::Result<()> {
-        if self.blackhole.load(Ordering::SeqCst) {
-            self.dropped.fetch_add(1, Ordering::Relaxed);
-            return Ok(());
-        }
-        self.sent.fetch_add(1, Ordering::Relaxed);
-        FrameSocket::send(&self.sock, frame)
-    }
-
-    fn recv(&self, buf: &mut [u8], wait: Duration) -> std::io::Result<Option<usize>> {
-        let Some(n) = FrameSocket::recv(&self.sock, buf, wait)? else {
-            return Ok(None);
-        };
-        if self.blackhole.load(Ordering::SeqCst) {
-            self.dropped.fetch_add(1, Ordering::Relaxed);
-            return Ok(None);
-        }
-        self.received.fetch_add(1, Ordering::Relaxed);
-        Ok(Some(n))
-    }
-}
+/// The host end of the VM's Ethernet link (now in `kverbs_tools`, which
+/// kvbench's `linux-vm` transports share).
+pub use kverbs_tools::vm::link::LinkWire;
 
 /// Deletes the link's pcap when dropped after [`PcapGuard::passed`]; keeps
 /// it (and prints where) otherwise, for whoever debugs the failure, and
