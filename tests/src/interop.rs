@@ -29,12 +29,11 @@ use hca_lowlevel::sim::{
     ExecMode, Fabric, FabricConfig, HcaConfig, LinkConfig, LinkStats, SoftHca,
 };
 use hca_lowlevel::wire::EthernetAddress;
-use kverbs::cm::{CmConfig, CmError, CmPort, CmPortConfig};
+use kverbs::cm::{CmError, CmPort, CmPortConfig};
 use kverbs::device::{Device, DeviceConfig};
 use kverbs::hostdev::VerifiedHca;
 use kverbs::irql::Passive;
 use kverbs::platform::host::{HostConfig, HostMode, HostPlatform};
-use kverbs::wire::IbTimeout;
 use kverbs_tools::vm::{PrepareOptions, Prepared, TargetInfo, Vm, VmError, WorkDir, prepare};
 use storport_srp::iscsi::description::TargetDescription;
 use storport_srp::iser::{IserConfig, IserStats, IserTransport};
@@ -188,23 +187,6 @@ impl ShadowDisk {
     }
 }
 
-/// CM and RC timing for a TCG guest: a packet lifetime of 2^17 × 4.096 µs
-/// (an RC ACK timeout near 1 s) and a CM response timeout of 2^20 ×
-/// 4.096 µs (about 4 s), as the VM notes advise: an emulated kernel under
-/// load answers slowly, and a retry storm would only slow it down more.
-fn interop_cm_config() -> CmConfig {
-    let t = |v| IbTimeout::new(v).unwrap_or(IbTimeout::from_low_bits(v));
-    CmConfig {
-        packet_lifetime: t(17),
-        cm_response_timeout: t(20),
-        max_cm_retries: 5,
-        timewait: t(14),
-        connections: 64,
-        listeners: 1,
-        ..CmConfig::new(hca_lowlevel::wire::Gid::ZERO, 0)
-    }
-}
-
 /// What the harness needs of an engine besides [`Transport`]: its
 /// counters for one target and the connections it holds.
 pub trait InteropEngine: Transport {
@@ -324,27 +306,7 @@ pub struct Interop<T: InteropEngine = SrpTransport<Hp>> {
 /// # Errors
 /// When the VM runs no SRP target or reports an odd GUID.
 pub fn srpt_add_target(info: &TargetInfo, keys: &str) -> Result<String, SetupError> {
-    let srpt = info
-        .srpt
-        .as_ref()
-        .ok_or_else(|| SetupError("the VM runs no SRP target".into()))?;
-    let tpid = srpt.target_port_id.trim_start_matches("0x");
-    if tpid.len() != 32 || tpid[..16] != tpid[16..] {
-        return Err(SetupError(format!(
-            "target_port_id {:?} is not a GUID twice",
-            srpt.target_port_id
-        )));
-    }
-    let guid = &tpid[..16];
-    let mut s = format!(
-        "id_ext={guid},ioc_guid={guid},dest={}:{}",
-        info.vm_ip, srpt.rdma_cm_port
-    );
-    if !keys.is_empty() {
-        s.push(',');
-        s.push_str(keys);
-    }
-    Ok(s)
+    kverbs_tools::vm::link::srpt_add_target(info, keys).map_err(|e| SetupError(e.to_string()))
 }
 
 /// The iSER node record (the `iscsiadm` form the driver parses) for the
@@ -354,23 +316,8 @@ pub fn srpt_add_target(info: &TargetInfo, keys: &str) -> Result<String, SetupErr
 /// # Errors
 /// When the VM runs no iSER target.
 pub fn isert_node_record(info: &TargetInfo, keys: &str) -> Result<String, SetupError> {
-    let iser = info
-        .iser
-        .as_ref()
-        .ok_or_else(|| SetupError("the VM runs no iSER target".into()))?;
-    let mut r = format!(
-        "node.name = {}\nnode.conn[0].address = {}\nnode.conn[0].port = {}\n\
-         iface.initiatorname = {}\nnode.session.timeo.reconnect_delay = 1\n",
-        iser.target_iqn,
-        iser.portal_ip,
-        iser.portal_port,
-        crate::iser::INITIATOR_NAME
-    );
-    for line in keys.lines().map(str::trim).filter(|l| !l.is_empty()) {
-        r.push_str(line);
-        r.push('\n');
-    }
-    Ok(r)
+    kverbs_tools::vm::link::isert_node_record(info, crate::iser::INITIATOR_NAME, keys)
+        .map_err(|e| SetupError(e.to_string()))
 }
 
 /// The initiator's HCA on the VM's link with its device and CM port: what
@@ -421,7 +368,7 @@ impl LinkedHca {
             &device,
             1,
             CmPortConfig {
-                cm: interop_cm_config(),
+                cm: kverbs_tools::vm::link::tcg_cm_config(),
                 recv_buffers: 64,
                 send_buffers: 64,
                 trace: None,
