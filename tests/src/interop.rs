@@ -19,24 +19,22 @@
 //! frame is captured to a pcap in the VM's run directory; the test keeps
 //! it on failure and deletes it on success ([`PcapGuard`]).
 
-use std::collections::BTreeMap;
-use std::os::unix::net::UnixDatagram;
+use std::collections::{BTreeMap, HashMap};
+use std::io::Write as _;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use hca_lowlevel::sim::{
-    ExecMode, Fabric, FabricConfig, FrameSocket, HcaConfig, LinkConfig, LinkStats, SoftHca,
+    ExecMode, Fabric, FabricConfig, HcaConfig, LinkConfig, LinkStats, SoftHca,
 };
 use hca_lowlevel::wire::EthernetAddress;
-use kverbs::cm::{CmConfig, CmError, CmPort, CmPortConfig};
+use kverbs::cm::{CmError, CmPort, CmPortConfig};
 use kverbs::device::{Device, DeviceConfig};
 use kverbs::hostdev::VerifiedHca;
 use kverbs::irql::Passive;
 use kverbs::platform::host::{HostConfig, HostMode, HostPlatform};
-use kverbs::wire::IbTimeout;
-use kverbs_tools::vm::TargetInfo;
+use kverbs_tools::vm::{PrepareOptions, Prepared, TargetInfo, Vm, VmError, WorkDir, prepare};
 use storport_srp::iscsi::description::TargetDescription;
 use storport_srp::iser::{IserConfig, IserStats, IserTransport};
 use storport_srp::miniport::transport::{TargetState, Transport};
@@ -50,61 +48,11 @@ use storport_srp::storport::{Address, SrbStatus};
 
 use crate::{Hp, Io, IoDone, Op, SetupError, cdb_bytes, first_difference, rw_cdb};
 use storport_srp::scsi::cdb::{CdbRepr, InquiryCdb, ReadCapacity16Cdb, ReportLunsCdb};
+use storport_srp::scsi::sense::{AdditionalSense, SenseKey, SenseRepr};
 
-/// The host end of the VM's Ethernet link: the unix datagram socket, with
-/// frame counters and a switch that drops every frame both ways.
-pub struct LinkWire {
-    sock: UnixDatagram,
-    blackhole: AtomicBool,
-    /// Frames sent to the VM.
-    pub sent: AtomicU64,
-    /// Frames received from the VM.
-    pub received: AtomicU64,
-    /// Frames dropped by the blackhole (both ways).
-    pub dropped: AtomicU64,
-}
-
-impl LinkWire {
-    /// Wraps the VM's link socket.
-    #[must_use]
-    pub fn new(sock: UnixDatagram) -> Self {
-        LinkWire {
-            sock,
-            blackhole: AtomicBool::new(false),
-            sent: AtomicU64::new(0),
-            received: AtomicU64::new(0),
-            dropped: AtomicU64::new(0),
-        }
-    }
-
-    /// Drops every frame both ways while `on` (a cable pulled).
-    pub fn set_blackhole(&self, on: bool) {
-        self.blackhole.store(on, Ordering::SeqCst);
-    }
-}
-
-impl FrameSocket for LinkWire {
-    fn send(&self, frame: &[u8]) -> std::io::Result<()> {
-        if self.blackhole.load(Ordering::SeqCst) {
-            self.dropped.fetch_add(1, Ordering::Relaxed);
-            return Ok(());
-        }
-        self.sent.fetch_add(1, Ordering::Relaxed);
-        FrameSocket::send(&self.sock, frame)
-    }
-
-    fn recv(&self, buf: &mut [u8], wait: Duration) -> std::io::Result<Option<usize>> {
-        let Some(n) = FrameSocket::recv(&self.sock, buf, wait)? else {
-            return Ok(None);
-        };
-        if self.blackhole.load(Ordering::SeqCst) {
-            self.dropped.fetch_add(1, Ordering::Relaxed);
-            return Ok(None);
-        }
-        self.received.fetch_add(1, Ordering::Relaxed);
-        Ok(Some(n))
-    }
-}
+/// The host end of the VM's Ethernet link (now in `kverbs_tools`, which
+/// kvbench's `linux-vm` transports share).
+pub use kverbs_tools::vm::link::LinkWire;
 
 /// Deletes the link's pcap when dropped after [`PcapGuard::passed`]; keeps
 /// it (and prints where) otherwise, for whoever debugs the failure, and
@@ -239,23 +187,6 @@ impl ShadowDisk {
     }
 }
 
-/// CM and RC timing for a TCG guest: a packet lifetime of 2^17 × 4.096 µs
-/// (an RC ACK timeout near 1 s) and a CM response timeout of 2^20 ×
-/// 4.096 µs (about 4 s), as the VM notes advise: an emulated kernel under
-/// load answers slowly, and a retry storm would only slow it down more.
-fn interop_cm_config() -> CmConfig {
-    let t = |v| IbTimeout::new(v).unwrap_or(IbTimeout::from_low_bits(v));
-    CmConfig {
-        packet_lifetime: t(17),
-        cm_response_timeout: t(20),
-        max_cm_retries: 5,
-        timewait: t(14),
-        connections: 64,
-        listeners: 1,
-        ..CmConfig::new(hca_lowlevel::wire::Gid::ZERO, 0)
-    }
-}
-
 /// What the harness needs of an engine besides [`Transport`]: its
 /// counters for one target and the connections it holds.
 pub trait InteropEngine: Transport {
@@ -375,27 +306,7 @@ pub struct Interop<T: InteropEngine = SrpTransport<Hp>> {
 /// # Errors
 /// When the VM runs no SRP target or reports an odd GUID.
 pub fn srpt_add_target(info: &TargetInfo, keys: &str) -> Result<String, SetupError> {
-    let srpt = info
-        .srpt
-        .as_ref()
-        .ok_or_else(|| SetupError("the VM runs no SRP target".into()))?;
-    let tpid = srpt.target_port_id.trim_start_matches("0x");
-    if tpid.len() != 32 || tpid[..16] != tpid[16..] {
-        return Err(SetupError(format!(
-            "target_port_id {:?} is not a GUID twice",
-            srpt.target_port_id
-        )));
-    }
-    let guid = &tpid[..16];
-    let mut s = format!(
-        "id_ext={guid},ioc_guid={guid},dest={}:{}",
-        info.vm_ip, srpt.rdma_cm_port
-    );
-    if !keys.is_empty() {
-        s.push(',');
-        s.push_str(keys);
-    }
-    Ok(s)
+    kverbs_tools::vm::link::srpt_add_target(info, keys).map_err(|e| SetupError(e.to_string()))
 }
 
 /// The iSER node record (the `iscsiadm` form the driver parses) for the
@@ -405,23 +316,8 @@ pub fn srpt_add_target(info: &TargetInfo, keys: &str) -> Result<String, SetupErr
 /// # Errors
 /// When the VM runs no iSER target.
 pub fn isert_node_record(info: &TargetInfo, keys: &str) -> Result<String, SetupError> {
-    let iser = info
-        .iser
-        .as_ref()
-        .ok_or_else(|| SetupError("the VM runs no iSER target".into()))?;
-    let mut r = format!(
-        "node.name = {}\nnode.conn[0].address = {}\nnode.conn[0].port = {}\n\
-         iface.initiatorname = {}\nnode.session.timeo.reconnect_delay = 1\n",
-        iser.target_iqn,
-        iser.portal_ip,
-        iser.portal_port,
-        crate::iser::INITIATOR_NAME
-    );
-    for line in keys.lines().map(str::trim).filter(|l| !l.is_empty()) {
-        r.push_str(line);
-        r.push('\n');
-    }
-    Ok(r)
+    kverbs_tools::vm::link::isert_node_record(info, crate::iser::INITIATOR_NAME, keys)
+        .map_err(|e| SetupError(e.to_string()))
 }
 
 /// The initiator's HCA on the VM's link with its device and CM port: what
@@ -472,7 +368,7 @@ impl LinkedHca {
             &device,
             1,
             CmPortConfig {
-                cm: interop_cm_config(),
+                cm: kverbs_tools::vm::link::tcg_cm_config(),
                 recv_buffers: 64,
                 send_buffers: 64,
                 trace: None,
@@ -804,7 +700,27 @@ impl<T: InteropEngine> Interop<T> {
         timeout: Duration,
         p: &Passive<'_>,
     ) -> Vec<IoDone> {
+        self.run_ios_measured(ios, depth, shadows, timeout, p).0
+    }
+
+    /// [`Self::run_ios`], also saying how deep the queue really was: an
+    /// I/O overlapping one in flight waits for it (and everything behind
+    /// waits too), so the depth asked for is a ceiling, not a fact.
+    ///
+    /// # Panics
+    /// As [`Self::run_ios`].
+    pub fn run_ios_measured(
+        &self,
+        ios: &[Io],
+        depth: usize,
+        shadows: &mut BTreeMap<u8, ShadowDisk>,
+        timeout: Duration,
+        p: &Passive<'_>,
+    ) -> (Vec<IoDone>, QueueDepth) {
         let depth = depth.max(1);
+        let mut queue = QueueDepth::default();
+        let mut depth_time = 0.0f64;
+        let mut last = Instant::now();
         let mut results: Vec<Option<IoDone>> = (0..ios.len()).map(|_| None).collect();
         let mut next = 0usize;
         let mut in_flight: BTreeMap<u32, usize> = BTreeMap::new();
@@ -821,15 +737,24 @@ impl<T: InteropEngine> Interop<T> {
                     break;
                 }
                 let spec = io_spec(io);
+                let now = Instant::now();
+                depth_time += in_flight.len() as f64 * (now - last).as_secs_f64();
+                last = now;
                 let id = self.submit(&spec, p);
                 in_flight.insert(id, next);
                 next += 1;
+                queue.peak = queue.peak.max(in_flight.len());
             }
             let finished: Vec<u32> = in_flight
                 .keys()
                 .copied()
                 .filter(|id| self.done(*id))
                 .collect();
+            if !finished.is_empty() {
+                let now = Instant::now();
+                depth_time += in_flight.len() as f64 * (now - last).as_secs_f64();
+                last = now;
+            }
             for id in finished {
                 let Some(index) = in_flight.remove(&id) else {
                     continue;
@@ -878,10 +803,15 @@ impl<T: InteropEngine> Interop<T> {
                 std::thread::sleep(Duration::from_micros(200));
             }
         }
-        results
+        let secs = start.elapsed().as_secs_f64();
+        if secs > 0.0 {
+            queue.mean = depth_time / secs;
+        }
+        let results = results
             .into_iter()
             .map(|r| r.unwrap_or_else(|| panic!("missing result")))
-            .collect()
+            .collect();
+        (results, queue)
     }
 
     /// Stops the adapter (the orderly logout: the engine disconnects its
@@ -931,6 +861,15 @@ impl<T: InteropEngine> Interop<T> {
         model.finish();
         drop(fabric);
     }
+}
+
+/// How many I/Os a run really kept in flight.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct QueueDepth {
+    /// The most in flight at once.
+    pub peak: usize,
+    /// In flight on average over the run (time-weighted).
+    pub mean: f64,
 }
 
 /// StorPort's request timeout for the interop I/O: Windows' disk class
@@ -1040,4 +979,294 @@ pub fn workload(
             }
         })
         .collect()
+}
+
+// ------------------------------------------------------------------------
+// Scaffolding the VM interop tests share (`vm_srp_interop`,
+// `vm_iser_interop`): preparing the VM, guest commands, sense decoding,
+// the class driver's unit-attention retry, the record of what each phase
+// did, and the submit/settle helpers of the task-management and recovery
+// phases.
+
+/// Prepares the VM's packages, kernel and initramfs. `None` (after a loud
+/// message) when the packages are missing on this machine and `CI` is not
+/// set: a developer without them skips, CI never does.
+///
+/// # Panics
+/// When preparing fails any other way, or under CI.
+#[must_use]
+pub fn prepared_or_skip(test: &str) -> Option<Prepared> {
+    let options = PrepareOptions {
+        verbose: true,
+        ..PrepareOptions::default()
+    };
+    match prepare(&WorkDir::default(), &options) {
+        Ok(prepared) => Some(prepared),
+        Err(e @ VmError::PackagesMissing { .. }) if std::env::var_os("CI").is_none() => {
+            let _ = writeln!(
+                std::io::stderr(),
+                "\n################################################################\n\
+                 ## SKIPPING {test}: the Linux target VM cannot be prepared here.\n\
+                 ## {e}\n\
+                 ## (Under CI this is a failure, not a skip.)\n\
+                 ################################################################\n"
+            );
+            None
+        }
+        Err(e) => panic!("preparing the VM failed: {e}"),
+    }
+}
+
+/// Runs a shell command in the guest; its output.
+///
+/// # Panics
+/// When the command fails (the error names it and its output).
+pub fn exec(vm: &Vm, cmd: &str) -> String {
+    match vm.exec_ok(cmd) {
+        Ok(out) => out,
+        Err(e) => panic!("{e}"),
+    }
+}
+
+/// The sense of a CHECK CONDITION, decoded.
+#[must_use]
+pub fn sense_of(o: &RequestOutcome) -> Option<SenseRepr> {
+    (o.scsi_status == 0x02)
+        .then(|| SenseRepr::parse(&o.sense).ok())
+        .flatten()
+}
+
+/// Issues a data-in command, retrying on UNIT ATTENTION as the class
+/// driver does; returns the outcome, the data and the unit attentions
+/// seen on the way.
+///
+/// # Panics
+/// After four unit attentions in a row.
+pub fn command_in_ua<T: InteropEngine>(
+    s: &Interop<T>,
+    lun: u8,
+    f: impl Fn(&Interop<T>, u8, &Passive<'_>) -> (RequestOutcome, Vec<u8>),
+    p: &Passive<'_>,
+) -> (RequestOutcome, Vec<u8>, Vec<AdditionalSense>) {
+    let mut uas = Vec::new();
+    for _ in 0..4 {
+        let (o, data) = f(s, lun, p);
+        match sense_of(&o) {
+            Some(sense) if sense.key == SenseKey::UnitAttention => uas.push(sense.code),
+            _ => return (o, data, uas),
+        }
+    }
+    panic!("LUN {lun}: unit attention after unit attention: {uas:?}");
+}
+
+/// What a run did, phase by phase: each line printed as it happens (with
+/// the test's prefix) and again in the summary at the end.
+#[derive(Debug)]
+pub struct Record {
+    prefix: &'static str,
+    lines: Vec<String>,
+}
+
+impl Record {
+    /// An empty record whose lines are printed as `[prefix] line`.
+    #[must_use]
+    pub fn new(prefix: &'static str) -> Self {
+        Record {
+            prefix,
+            lines: Vec::new(),
+        }
+    }
+
+    /// Notes (and prints) one line.
+    pub fn note(&mut self, line: String) {
+        eprintln!("[{}] {line}", self.prefix);
+        self.lines.push(line);
+    }
+
+    /// Prints every line noted, as the run's summary.
+    pub fn print_summary(&self) {
+        eprintln!("\n[{}] summary:", self.prefix);
+        for l in &self.lines {
+            eprintln!("  {l}");
+        }
+    }
+}
+
+/// Asserts that every I/O succeeded and completed exactly once.
+///
+/// # Panics
+/// On the first that did not, named with `what`.
+pub fn all_succeeded(done: &[IoDone], what: &str) {
+    for d in done {
+        assert_eq!(d.outcome.status.base(), SrbStatus::SUCCESS, "{what}: {d:?}");
+        assert_eq!(d.outcome.completions, 1, "{what}: {d:?}");
+    }
+}
+
+/// Non-overlapping large I/O on `lun`, one stripe of `bytes` each,
+/// alternately writes (random data) and reads, per-page buffers.
+#[must_use]
+pub fn stripes(rng: &mut fastrand::Rng, sh: &ShadowDisk, lun: u8, n: usize, bytes: u32) -> Vec<Io> {
+    let blocks = bytes / sh.block_len();
+    (0..n)
+        .map(|i| {
+            let op = if i % 2 == 0 { Op::Write } else { Op::Read };
+            let data = if op == Op::Write {
+                let mut d = vec![0u8; bytes as usize];
+                rng.fill(&mut d);
+                d
+            } else {
+                Vec::new()
+            };
+            Io {
+                target: 0,
+                lun,
+                op,
+                lba: (i as u64 * u64::from(blocks)) % sh.blocks(),
+                blocks,
+                block_len: sh.block_len(),
+                shape: SgShape::Pages,
+                data,
+            }
+        })
+        .collect()
+}
+
+impl<T: InteropEngine> Interop<T> {
+    /// Submits `ios` at once; returns their ids.
+    pub fn submit_all(&self, ios: &[Io], p: &Passive<'_>) -> Vec<u32> {
+        ios.iter().map(|io| self.submit(&io_spec(io), p)).collect()
+    }
+
+    /// Applies finished I/Os (`ids`, submitted for `ios`) to the shadows as
+    /// [`Self::run_ios`] does, checks the reads, releases the requests;
+    /// returns how many ended with each status.
+    ///
+    /// # Panics
+    /// If one is not completed exactly once, a failed one moved data, or a
+    /// read does not match.
+    pub fn settle_into_shadows(
+        &self,
+        ios: &[Io],
+        ids: &[u32],
+        shadows: &mut BTreeMap<u8, ShadowDisk>,
+    ) -> HashMap<SrbStatus, usize> {
+        let mut by_status = HashMap::new();
+        for (io, id) in ios.iter().zip(ids) {
+            let o = self
+                .model
+                .outcome(*id)
+                .unwrap_or_else(|| panic!("no request {id}"));
+            assert_eq!(o.completions, 1, "{o:?}");
+            *by_status.entry(o.status.base()).or_insert(0) += 1;
+            let sh = shadows
+                .get_mut(&io.lun)
+                .unwrap_or_else(|| panic!("no shadow of LUN {}", io.lun));
+            let ok = o.status.base() == SrbStatus::SUCCESS;
+            if !ok {
+                assert_eq!(o.data_transfer_length, 0, "a failed I/O moved data: {o:?}");
+            }
+            match (io.op, ok) {
+                (Op::Write, true) => sh.wrote(io.lba, &io.data),
+                (Op::Write, false) => sh.forget(io.lba, io.blocks),
+                (Op::Read, true) => {
+                    let data = self.model.data(*id).unwrap_or_default();
+                    sh.check_read(io.lba, &data, &format!("{io:?}"));
+                }
+                (Op::Read, false) => {}
+            }
+            let _ = self.model.release(*id);
+        }
+        by_status
+    }
+
+    /// Reads every LUN whole (1 MiB reads, depth 16) and checks it against
+    /// the shadow, then rewrites the LUNs with blocks a failed write made
+    /// unknown, so later phases check everything again.
+    ///
+    /// # Panics
+    /// On a mismatch or a failed I/O.
+    pub fn verify_all(&self, shadows: &mut BTreeMap<u8, ShadowDisk>, p: &Passive<'_>) {
+        let mut rng = fastrand::Rng::with_seed(0x5eed_0003);
+        let mut ios = Vec::new();
+        for (lun, sh) in shadows.iter() {
+            let per = MIB / sh.block_len();
+            for lba in (0..sh.blocks()).step_by(per as usize) {
+                let blocks = per.min(u32::try_from(sh.blocks() - lba).unwrap_or(per));
+                ios.push(Io {
+                    target: 0,
+                    lun: *lun,
+                    op: Op::Read,
+                    lba,
+                    blocks,
+                    block_len: sh.block_len(),
+                    shape: SgShape::Contiguous,
+                    data: Vec::new(),
+                });
+            }
+        }
+        let done = self.run_ios(&ios, 16, shadows, Duration::from_secs(300), p);
+        all_succeeded(&done, "verify");
+        let mut rewrite = Vec::new();
+        for (lun, sh) in shadows.iter() {
+            if sh.all_known() {
+                continue;
+            }
+            let per = MIB / sh.block_len();
+            for lba in (0..sh.blocks()).step_by(per as usize) {
+                let blocks = per.min(u32::try_from(sh.blocks() - lba).unwrap_or(per));
+                let mut data = vec![0u8; (blocks * sh.block_len()) as usize];
+                rng.fill(&mut data);
+                rewrite.push(Io {
+                    target: 0,
+                    lun: *lun,
+                    op: Op::Write,
+                    lba,
+                    blocks,
+                    block_len: sh.block_len(),
+                    shape: SgShape::Pages,
+                    data,
+                });
+            }
+        }
+        let done = self.run_ios(&rewrite, 16, shadows, Duration::from_secs(300), p);
+        all_succeeded(&done, "rewrite");
+    }
+}
+
+/// One MiB.
+pub const MIB: u32 = 1 << 20;
+
+/// Moves each I/O (keeping its LUN and size) to a random place clear of
+/// the `window` I/Os before it on the same LUN, when one is found in a
+/// bounded number of draws, so that `run_ios` at depth `window` seldom
+/// waits on an overlap.
+pub fn spread(
+    rng: &mut fastrand::Rng,
+    ios: &mut [Io],
+    window: usize,
+    shadows: &BTreeMap<u8, ShadowDisk>,
+) {
+    for i in 0..ios.len() {
+        let (before, rest) = ios.split_at_mut(i);
+        let io = &mut rest[0];
+        let recent = &before[i.saturating_sub(window)..];
+        let clear = |lba: u64| {
+            recent.iter().all(|o| {
+                o.lun != io.lun
+                    || o.lba + u64::from(o.blocks) <= lba
+                    || lba + u64::from(io.blocks) <= o.lba
+            })
+        };
+        if clear(io.lba) {
+            continue;
+        }
+        let last = shadows
+            .get(&io.lun)
+            .map_or(0, ShadowDisk::blocks)
+            .saturating_sub(u64::from(io.blocks));
+        if let Some(lba) = (0..200).map(|_| rng.u64(0..=last)).find(|l| clear(*l)) {
+            io.lba = lba;
+        }
+    }
 }

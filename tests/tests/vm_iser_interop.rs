@@ -14,82 +14,70 @@
 //!    `noop_out_timeout` or the engine drops the connection; nothing may
 //!    fail in 12 s of silence;
 //! 4. data-verified reads and writes: every block of both LUNs written and
-//!    read back with 1 MiB I/Os, then random I/Os of 512 B to 1 MiB at
-//!    queue depths 1, 4 and 16 (`VM_ISER_IOS` scales them), and the fileio
-//!    LUN's backing file hashed in the VM against what we wrote;
-//! 5. orderly logout (adapter stop: iSCSI Logout, then disconnect), after
+//!    read back with 1 MiB I/Os, then thousands of random I/Os of 512 B to
+//!    1 MiB at queue depths 1, 4, 16 and 64 (`VM_ISER_IOS` scales them; the
+//!    session allows 64: `cmds_max`/`queue_depth` 64 and LIO's CmdSN
+//!    window `default_cmdsn_depth` 64), and the fileio LUN's backing file
+//!    hashed in the VM against what we wrote;
+//! 5. task management through the StorPort model's SRB functions: ABORT
+//!    TASK of commands still queued at LIO (FUNCTION COMPLETE or TASK DOES
+//!    NOT EXIST, each agreeing with its victim's own completion) and a
+//!    LOGICAL UNIT RESET with I/O in flight;
+//! 6. LIO drops the session (TPG disabled in configfs): the engine logs in
+//!    afresh once it is enabled again, I/O submitted during a short outage
+//!    is held and completes, and I/O past `replacement_timeout` fails fast
+//!    with a truthful status;
+//! 7. orderly logout (adapter stop: iSCSI Logout, then disconnect), after
 //!    which LIO lists no session, and a teardown that checks every request
 //!    completed exactly once;
-//! 6. a new session (same ISID, a fresh login after the logout) with
+//! 8. a new session (same ISID, a fresh login after the logout) with
 //!    `InitialR2T=No` (LIO is booted offering it; the first session kept
 //!    the initiator's `Yes`): writes carry immediate data and unsolicited
 //!    Data-Out PDUs up to the first burst, the rest fetched by RDMA READ
 //!    from the VA past them; everything read back and checked, logout.
 //!
 //! The link's pcap is kept in the VM's run directory when the run fails
-//! (its path printed). Behind the `vm-tests` feature; no CI step yet. It
-//! skips (loudly) only when the VM cannot be prepared here, and never under
-//! CI.
+//! (its path printed). Behind the `vm-tests` feature; CI step 63. It skips
+//! (loudly) only when the VM cannot be prepared here, and never under CI.
 
 use std::collections::BTreeMap;
-use std::io::Write as _;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kverbs::irql::Passive;
 use kverbs::platform::host::VerifierAllocator;
 use kverbs_tests::interop::{
-    Interop, InteropConfig, LinkWire, PcapGuard, ShadowDisk, interop_platform, wait_until, workload,
+    Interop, InteropConfig, LinkWire, MIB, PcapGuard, Record, ShadowDisk, all_succeeded,
+    command_in_ua, exec, interop_platform, prepared_or_skip, spread, stripes, wait_until, workload,
 };
 use kverbs_tests::iser::INITIATOR_NAME;
-use kverbs_tests::{Io, IoDone, Op, env_count};
-use kverbs_tools::vm::{PrepareOptions, Prepared, Vm, VmConfig, VmError, WorkDir, prepare};
+use kverbs_tests::{Io, Op, env_count};
+use kverbs_tools::vm::{Vm, VmConfig};
 use md5::Digest as _;
 use storport_srp::iser::IserTransport;
 use storport_srp::miniport::transport::TargetState;
-use storport_srp::scsi::sense::{AdditionalSense, SenseKey, SenseRepr};
-use storport_srp::storport::SrbStatus;
-use storport_srp::storport::host::{RequestOutcome, SgShape};
+use storport_srp::storport::host::{RequestSpec, SgShape};
+use storport_srp::storport::{Address, SrbFunction, SrbStatus};
 
 #[global_allocator]
 static ALLOCATOR: VerifierAllocator = VerifierAllocator;
 
-const MIB: u32 = 1 << 20;
+/// The node record's queue and recovery keys for every session: 64
+/// commands outstanding, all of them on one LUN if need be (LIO's CmdSN
+/// window, `default_cmdsn_depth`, is set to the same 64), and I/O failing
+/// fast after 10 s without a session.
+const QUEUE_KEYS: &str = "node.session.cmds_max = 64\nnode.session.queue_depth = 64\n\
+                          node.session.timeo.replacement_timeout = 10";
 
-/// The node record's queue keys for every session.
-const QUEUE_KEYS: &str = "node.session.cmds_max = 64\nnode.session.queue_depth = 32";
+/// LIO's CmdSN window per session (the TPG attribute `default_cmdsn_depth`
+/// that dynamic node ACLs inherit): as deep as the queue.
+const CMDSN_DEPTH: u32 = 64;
+
+/// Fast-fail (`replacement_timeout`) in the node record, seconds.
+const FAST_FAIL_SECS: u64 = 10;
 
 /// The stack with the iSER engine.
 type IserInterop = Interop<IserTransport<kverbs_tests::Hp>>;
-
-fn prepared_or_skip(test: &str) -> Option<Prepared> {
-    let options = PrepareOptions {
-        verbose: true,
-        ..PrepareOptions::default()
-    };
-    match prepare(&WorkDir::default(), &options) {
-        Ok(prepared) => Some(prepared),
-        Err(e @ VmError::PackagesMissing { .. }) if std::env::var_os("CI").is_none() => {
-            let _ = writeln!(
-                std::io::stderr(),
-                "\n################################################################\n\
-                 ## SKIPPING {test}: the Linux target VM cannot be prepared here.\n\
-                 ## {e}\n\
-                 ## (Under CI this is a failure, not a skip.)\n\
-                 ################################################################\n"
-            );
-            None
-        }
-        Err(e) => panic!("preparing the VM failed: {e}"),
-    }
-}
-
-fn exec(vm: &Vm, cmd: &str) -> String {
-    match vm.exec_ok(cmd) {
-        Ok(out) => out,
-        Err(e) => panic!("{e}"),
-    }
-}
 
 /// The kernel log lines of the iSCSI target and isert (the evidence when
 /// something fails).
@@ -98,44 +86,6 @@ fn target_log(vm: &Vm) -> String {
         vm,
         "dmesg | grep -i -E 'isert|iscsi|rxe|target' | tail -40 || true",
     )
-}
-
-/// The sense of a CHECK CONDITION, decoded.
-fn sense_of(o: &RequestOutcome) -> Option<SenseRepr> {
-    (o.scsi_status == 0x02)
-        .then(|| SenseRepr::parse(&o.sense).ok())
-        .flatten()
-}
-
-/// Issues a data-in command, retrying on UNIT ATTENTION as the class
-/// driver does; returns the outcome, the data and the unit attentions
-/// seen on the way.
-fn command_in_ua(
-    s: &IserInterop,
-    lun: u8,
-    f: impl Fn(&IserInterop, u8, &Passive<'_>) -> (RequestOutcome, Vec<u8>),
-    p: &Passive<'_>,
-) -> (RequestOutcome, Vec<u8>, Vec<AdditionalSense>) {
-    let mut uas = Vec::new();
-    for _ in 0..4 {
-        let (o, data) = f(s, lun, p);
-        match sense_of(&o) {
-            Some(sense) if sense.key == SenseKey::UnitAttention => uas.push(sense.code),
-            _ => return (o, data, uas),
-        }
-    }
-    panic!("LUN {lun}: unit attention after unit attention: {uas:?}");
-}
-
-struct Record {
-    lines: Vec<String>,
-}
-
-impl Record {
-    fn note(&mut self, line: String) {
-        eprintln!("[iser-interop] {line}");
-        self.lines.push(line);
-    }
 }
 
 #[test]
@@ -164,12 +114,18 @@ fn iser_through_the_miniport_against_linux_isert() {
         .iser
         .parameters
         .insert("InitialR2T".to_owned(), "No".to_owned());
+    // The CmdSN window LIO grants each session, set explicitly (read back
+    // below) so that depth 64 is the window, not an accident of a default.
+    config
+        .iser
+        .attributes
+        .insert("default_cmdsn_depth".to_owned(), CMDSN_DEPTH.to_string());
     // Rejected logins and isert's own messages reach the console log.
     config.machine.console_loglevel = 7;
     let t0 = Instant::now();
     let mut vm = Vm::boot(&config, &prepared).unwrap_or_else(|e| panic!("{e}"));
     let info = vm.info().clone();
-    let mut rec = Record { lines: Vec::new() };
+    let mut rec = Record::new("iser-interop");
     rec.note(format!(
         "VM: kernel {} ({}), ready after {:.1} s",
         info.kernel_release, info.kernel_package, info.boot_secs
@@ -218,6 +174,19 @@ fn iser_through_the_miniport_against_linux_isert() {
             target_log(&vm)
         );
         rec.note(format!("LIO sessions: {}", sessions.trim()));
+        let depth = exec(&vm, &format!("cat {tpg}/attrib/default_cmdsn_depth"));
+        assert_eq!(depth.trim(), CMDSN_DEPTH.to_string(), "LIO's CmdSN window");
+        assert!(
+            s.adapter.max_io >= 64 && s.adapter.max_io_per_lun >= 64,
+            "the adapter cannot queue 64: {:?}",
+            s.adapter
+        );
+        rec.note(format!(
+            "queue: LIO default_cmdsn_depth {}, adapter max_io {} per LUN {}",
+            depth.trim(),
+            s.adapter.max_io,
+            s.adapter.max_io_per_lun
+        ));
 
         // ------------------------------------------------------------
         // 2. INQUIRY, VPD 0x80, READ CAPACITY.
@@ -299,7 +268,15 @@ fn iser_through_the_miniport_against_linux_isert() {
         data_phase(&s, &vm, &info, &mut shadows, &mut rec, p);
 
         // ------------------------------------------------------------
-        // 5. Orderly logout.
+        // 5. Task management.
+        tmf_phase(&s, &mut shadows, &mut rec, p);
+
+        // ------------------------------------------------------------
+        // 6. The target drops the session.
+        reconnect_phase(&s, &vm, &tpg, &mut shadows, &mut rec, p);
+
+        // ------------------------------------------------------------
+        // 7. Orderly logout.
         let before = s.stats(p);
         let t = Instant::now();
         s.stop(p);
@@ -326,7 +303,7 @@ fn iser_through_the_miniport_against_linux_isert() {
     platform.run_passive(|p| stack.finish(p));
 
     // ----------------------------------------------------------------
-    // 6. A new session with InitialR2T=No: unsolicited Data-Out.
+    // 8. A new session with InitialR2T=No: unsolicited Data-Out.
     let pcap2 = vm.paths().dir.join("iser-interop-unsolicited.pcap");
     let mut guard2 = PcapGuard::new(pcap2.clone());
     let platform = interop_platform();
@@ -435,10 +412,7 @@ fn iser_through_the_miniport_against_linux_isert() {
         );
     }
     rec.note(format!("total {:.1} s", t0.elapsed().as_secs_f64()));
-    eprintln!("\n[iser-interop] summary:");
-    for l in &rec.lines {
-        eprintln!("  {l}");
-    }
+    rec.print_summary();
     guard.passed();
     drop(guard);
     vm.shutdown();
@@ -538,8 +512,8 @@ fn data_phase(
     // Random I/O: log-uniform 512 B..1 MiB at each depth. iSER has one
     // STag per direction, so only buffers one MR maps (contiguous or
     // per page) are used; `Odd` shapes would be refused as unsupported.
-    let total = env_count("VM_ISER_IOS", 600);
-    let depths = [1usize, 4, 16];
+    let total = env_count("VM_ISER_IOS", 1200);
+    let depths = [1usize, 4, 16, 64];
     for depth in depths {
         let n = total / depths.len();
         let mut ios = Vec::new();
@@ -562,9 +536,16 @@ fn data_phase(
                 io.shape = SgShape::Pages;
             }
         }
+        // An I/O overlapping one in flight waits for it, and the run with
+        // it: random placement alone keeps "depth 64" near 17 on average.
+        // Placed apart from the `depth` before it, the queue stays full.
+        spread(&mut rng, &mut ios, depth, shadows);
         let t = Instant::now();
-        let done = s.run_ios(&ios, depth, shadows, Duration::from_secs(240), p);
+        let (done, queue) = s.run_ios_measured(&ios, depth, shadows, Duration::from_secs(240), p);
         all_succeeded(&done, &format!("depth {depth}"));
+        // The queue really was that deep at least once (the engine took
+        // every command: nothing overlapping held the run below it).
+        assert_eq!(queue.peak, depth, "depth {depth}: {queue:?}");
         let secs = t.elapsed().as_secs_f64();
         let bytes: u64 = ios
             .iter()
@@ -573,11 +554,14 @@ fn data_phase(
         let sizes = ios.iter().map(|io| io.blocks * io.block_len);
         let (small, large) = (sizes.clone().min().unwrap_or(0), sizes.max().unwrap_or(0));
         rec.note(format!(
-            "depth {depth}: {n} I/Os ({} reads), {small} B..{large} B, {:.1} MiB in {secs:.1} s ({:.0} IOPS, {:.1} MiB/s)",
+            "depth {depth}: {n} I/Os ({} reads), {small} B..{large} B, {:.1} MiB in {secs:.1} s ({:.0} IOPS, {:.1} MiB/s), \
+             in flight peak {} mean {:.1}",
             ios.iter().filter(|io| io.op == Op::Read).count(),
             bytes as f64 / f64::from(MIB),
             n as f64 / secs,
-            bytes as f64 / f64::from(MIB) / secs
+            bytes as f64 / f64::from(MIB) / secs,
+            queue.peak,
+            queue.mean
         ));
     }
     let st = s.stats(p);
@@ -621,9 +605,298 @@ fn data_phase(
     }
 }
 
-fn all_succeeded(done: &[IoDone], what: &str) {
-    for d in done {
-        assert_eq!(d.outcome.status.base(), SrbStatus::SUCCESS, "{what}: {d:?}");
-        assert_eq!(d.outcome.completions, 1, "{what}: {d:?}");
+/// ABORT TASK of commands still queued at LIO, and a LOGICAL UNIT RESET
+/// with I/O in flight, through the StorPort model's SRB functions.
+///
+/// LIO answers an ABORT TASK FUNCTION COMPLETE when it found the command
+/// (and then sends no response for it), or TASK DOES NOT EXIST when the
+/// command had already finished (its SCSI Response went out first). The
+/// core reports the first as SUCCESS with the victim ABORTED, the second
+/// as ABORT_FAILED with the victim's own outcome; each must agree, and
+/// every request must complete exactly once.
+fn tmf_phase(
+    s: &IserInterop,
+    shadows: &mut BTreeMap<u8, ShadowDisk>,
+    rec: &mut Record,
+    p: &Passive<'_>,
+) {
+    let mut rng = fastrand::Rng::with_seed(0x15e4_0002);
+    let before = s.stats(p);
+    // 12 MiB of 512 KiB writes and reads queued at once on the fileio LUN;
+    // the last four aborted at once. Under TCG LIO is still busy with the
+    // first ones, so the victims are still queued there.
+    let (mut aborted, mut too_late) = (0usize, 0usize);
+    let (mut aborted_ops, mut late_ops) = (Vec::new(), Vec::new());
+    for round in 0..3 {
+        let ios = stripes(&mut rng, &shadows[&1], 1, 24, 512 << 10);
+        let ids = s.submit_all(&ios, p);
+        let victims: Vec<u32> = ids[20..].to_vec();
+        let aborts: Vec<u32> = victims
+            .iter()
+            .map(|v| s.submit(&RequestSpec::abort(Address::new(0, 0, 1), *v), p))
+            .collect();
+        let out = s.wait(&aborts, Duration::from_secs(120), p);
+        s.wait(&ids, Duration::from_secs(120), p);
+        for ((o, v), io) in out.iter().zip(&victims).zip(&ios[20..]) {
+            assert_eq!(o.completions, 1, "abort: {o:?}");
+            let victim = s.model.outcome(*v).expect("victim");
+            match o.status.base() {
+                SrbStatus::SUCCESS => {
+                    // FUNCTION COMPLETE: the victim ended aborted, no data.
+                    aborted += 1;
+                    aborted_ops.push(io.op);
+                    assert_eq!(victim.status.base(), SrbStatus::ABORTED, "{victim:?}");
+                    assert_eq!(victim.data_transfer_length, 0, "{victim:?}");
+                }
+                SrbStatus::ABORT_FAILED => {
+                    // TASK DOES NOT EXIST: the victim finished on its own,
+                    // successfully — or the TMF timed out and the session
+                    // was reinstated (the victim then ended by the reset).
+                    too_late += 1;
+                    late_ops.push(io.op);
+                    let st = s.stats(p);
+                    let escalated = st.transport_failures > before.transport_failures
+                        && victim.status.base() == SrbStatus::BUS_RESET;
+                    assert!(
+                        victim.status.base() == SrbStatus::SUCCESS || escalated,
+                        "abort failed, victim {victim:?}; engine {st:?}"
+                    );
+                }
+                _ => panic!("abort: {o:?} (victim {victim:?})"),
+            }
+        }
+        let by_status = s.settle_into_shadows(&ios, &ids, shadows);
+        rec.note(format!("abort round {round}: I/O outcomes {by_status:?}"));
+        if aborted > 0 {
+            break;
+        }
     }
+    assert!(
+        aborted > 0,
+        "no ABORT TASK found its command still queued at LIO"
+    );
+    let st = s.stats(p);
+    assert_eq!(
+        st.transport_failures, before.transport_failures,
+        "an abort cost the session: {st:?}"
+    );
+    rec.note(format!(
+        "ABORT TASK: {aborted} FUNCTION COMPLETE {aborted_ops:?} (victims ABORTED), \
+         {too_late} ABORT_FAILED, i.e. TASK DOES NOT EXIST {late_ops:?} (victims SUCCESS); TMFs {}",
+        st.tmfs - before.tmfs
+    ));
+
+    // LUN RESET with 24 MiB in flight on LUN 0: reported after every
+    // command of the LUN completed, each truthfully.
+    let ios = stripes(&mut rng, &shadows[&0], 0, 24, MIB);
+    let ids = s.submit_all(&ios, p);
+    std::thread::sleep(Duration::from_millis(20));
+    let reset = s.submit(
+        &RequestSpec::function(SrbFunction::ResetLogicalUnit, Address::new(0, 0, 0)),
+        p,
+    );
+    assert!(
+        wait_until(Duration::from_secs(120), || s.done(reset)),
+        "LUN reset not done: {:?}",
+        s.stats(p)
+    );
+    assert!(
+        ids.iter().all(|id| s.done(*id)),
+        "a LUN command outlived its reset"
+    );
+    let o = s.model.outcome(reset).expect("reset");
+    assert_eq!(o.status.base(), SrbStatus::SUCCESS, "LUN reset: {o:?}");
+    assert_eq!(o.completions, 1, "{o:?}");
+    let by_status = s.settle_into_shadows(&ios, &ids, shadows);
+    for st in by_status.keys() {
+        assert!(
+            [SrbStatus::SUCCESS, SrbStatus::BUS_RESET, SrbStatus::ABORTED].contains(st),
+            "after a LUN reset: {by_status:?}"
+        );
+    }
+    // LIO's unit attention for the reset (or none); then the LUN works and
+    // holds what we know.
+    let (o, _, uas) = command_in_ua(s, 0, |s, l, p| s.read_capacity(l, p), p);
+    assert_eq!(o.status.base(), SrbStatus::SUCCESS, "{o:?}");
+    let st = s.stats(p);
+    assert_eq!(
+        st.transport_failures, before.transport_failures,
+        "the LUN reset cost the session: {st:?}"
+    );
+    rec.note(format!(
+        "LUN RESET during {} I/Os of 1 MiB: SUCCESS; I/O outcomes {by_status:?}; then unit attentions {uas:?}",
+        ios.len()
+    ));
+    s.verify_all(shadows, p);
+    rec.note("after the TMFs: both LUNs read whole and checked against the shadow".into());
+}
+
+/// LIO drops the session: the TPG is disabled in configfs (LIO releases
+/// its sessions, isert disconnects, and logins are refused with "service
+/// unavailable" until it is enabled again).
+fn reconnect_phase(
+    s: &IserInterop,
+    vm: &Vm,
+    tpg: &str,
+    shadows: &mut BTreeMap<u8, ShadowDisk>,
+    rec: &mut Record,
+    p: &Passive<'_>,
+) {
+    let mut rng = fastrand::Rng::with_seed(0x15e4_0004);
+    let before = s.stats(p);
+    // (a) A short outage with I/O in flight and I/O submitted during it:
+    // held, then completed after the reconnect (a fresh login).
+    let ios = stripes(&mut rng, &shadows[&0], 0, 16, 256 << 10);
+    let ids = s.submit_all(&ios, p);
+    let t = Instant::now();
+    exec(vm, &format!("echo 0 > {tpg}/enable"));
+    assert!(
+        wait_until(Duration::from_secs(30), || s.state() != TargetState::Live),
+        "the engine did not notice LIO dropping the session: {:?}",
+        s.stats(p)
+    );
+    let lost = t.elapsed();
+    let why = s.stats(p).last_failure;
+    let during = stripes(&mut rng, &shadows[&1], 1, 8, 64 << 10);
+    let during_ids = s.submit_all(&during, p);
+    std::thread::sleep(Duration::from_secs(3));
+    let held = during_ids.iter().filter(|id| !s.done(**id)).count();
+    let refused = s.stats(p).login_failures - before.login_failures;
+    exec(vm, &format!("echo 1 > {tpg}/enable"));
+    let t = Instant::now();
+    assert!(
+        s.wait_state(TargetState::Live, Duration::from_secs(60)),
+        "no reconnect: {:?}\n{}",
+        s.stats(p),
+        target_log(vm)
+    );
+    let back = t.elapsed();
+    s.wait(&ids, Duration::from_secs(120), p);
+    s.wait(&during_ids, Duration::from_secs(120), p);
+    let a = s.settle_into_shadows(&ios, &ids, shadows);
+    let b = s.settle_into_shadows(&during, &during_ids, shadows);
+    for st in a.keys().chain(b.keys()) {
+        assert!(
+            [
+                SrbStatus::SUCCESS,
+                SrbStatus::BUS_RESET,
+                SrbStatus::ABORTED,
+                SrbStatus::ERROR
+            ]
+            .contains(st),
+            "short outage: {a:?} {b:?}"
+        );
+    }
+    assert_eq!(
+        held,
+        during.len(),
+        "I/O submitted during a short outage is held, not failed: {b:?}"
+    );
+    assert_eq!(
+        b.get(&SrbStatus::SUCCESS).copied().unwrap_or(0),
+        during.len(),
+        "I/O submitted during a short outage completes after the reconnect: {b:?}"
+    );
+    let st = s.stats(p);
+    assert!(st.logins > before.logins, "{st:?}");
+    assert!(st.transport_failures > before.transport_failures, "{st:?}");
+    let sessions = exec(vm, &format!("cat {tpg}/dynamic_sessions"));
+    assert!(
+        sessions.contains(INITIATOR_NAME),
+        "LIO lists no session after the reconnect: {sessions:?}"
+    );
+    // Why LIO refused the logins while disabled (a disabled TPG is not
+    // found: a target-error login response, which the engine retries).
+    let no_tpg: u64 = exec(
+        vm,
+        "dmesg | grep -c 'Unable to locate Target Portal Group' || true",
+    )
+    .trim()
+    .parse()
+    .unwrap_or(0);
+    assert!(
+        refused == 0 || no_tpg > 0,
+        "{refused} logins refused, but not for the disabled TPG:\n{}",
+        target_log(vm)
+    );
+    rec.note(format!(
+        "TPG disabled: session lost after {:.2} s (why {}); {held} of {} I/Os submitted during the \
+         outage held; {refused} login(s) refused while disabled (LIO: TPG not found \
+         {no_tpg}x); logged in again {:.2} s after \
+         re-enable; in flight {a:?}, during {b:?}",
+        lost.as_secs_f64(),
+        why,
+        during.len(),
+        back.as_secs_f64(),
+    ));
+
+    // (b) An outage past fast-fail (`replacement_timeout`): held I/O fails
+    // fast, truthfully, and not before its time.
+    // The fast-fail timer starts when the connection is lost, after this.
+    let t = Instant::now();
+    exec(vm, &format!("echo 0 > {tpg}/enable"));
+    assert!(wait_until(Duration::from_secs(30), || s.state() != TargetState::Live));
+    let during = stripes(&mut rng, &shadows[&1], 1, 8, 64 << 10);
+    let during_ids = s.submit_all(&during, p);
+    s.wait(&during_ids, Duration::from_secs(60), p);
+    let failed_after = t.elapsed();
+    let b = s.settle_into_shadows(&during, &during_ids, shadows);
+    // No target to select: what the core reports once recovery gave the
+    // path up for now (multipath's cue), every one of them.
+    assert_eq!(
+        b.get(&SrbStatus::SELECTION_TIMEOUT).copied(),
+        Some(during.len()),
+        "I/O past fast-fail while the target is gone: {b:?}"
+    );
+    assert!(
+        failed_after >= Duration::from_secs(FAST_FAIL_SECS - 1),
+        "I/O failed {failed_after:?} after the drop, before fast-fail ({FAST_FAIL_SECS} s): {b:?}"
+    );
+    let state = s.state();
+    exec(vm, &format!("echo 1 > {tpg}/enable"));
+    assert!(
+        s.wait_state(TargetState::Live, Duration::from_secs(60)),
+        "no reconnect after fail-fast: {:?}",
+        s.stats(p)
+    );
+    rec.note(format!(
+        "TPG disabled past replacement_timeout ({FAST_FAIL_SECS} s): target {state:?}, I/O failed \
+         {:.1} s after the drop with {b:?}; reconnected after re-enable",
+        failed_after.as_secs_f64()
+    ));
+    // I/O resumes, and the data is what we know.
+    s.verify_all(shadows, p);
+    let ios: Vec<Io> = (0..64)
+        .flat_map(|i| {
+            let lun = u8::try_from(i % 2).unwrap();
+            let sh = &shadows[&lun];
+            workload(
+                &mut rng,
+                1,
+                lun,
+                sh.block_len(),
+                sh.blocks(),
+                512,
+                256 << 10,
+                0.5,
+            )
+        })
+        .map(|mut io| {
+            if matches!(io.shape, SgShape::Odd { .. }) {
+                io.shape = SgShape::Pages;
+            }
+            io
+        })
+        .collect();
+    let done = s.run_ios(&ios, 16, shadows, Duration::from_secs(300), p);
+    all_succeeded(&done, "after reconnect");
+    let st = s.stats(p);
+    rec.note(format!(
+        "after the outages: both LUNs checked whole, {} random I/Os verified; engine logins {}, \
+         transport failures {}, login failures {}",
+        ios.len(),
+        st.logins,
+        st.transport_failures,
+        st.login_failures
+    ));
 }

@@ -21,103 +21,34 @@
 //!    teardown that checks every request completed exactly once;
 //! 7. a new login with `ch_count=2`: srpt answers the first channel "no
 //!    channel" (so the logout really ended the old session there) and the
-//!    second "maintained", and verified I/O runs over both.
+//!    second "maintained", verified I/O runs over both, then a LUN reset
+//!    with I/O in flight on both channels (sent on each) leaves both
+//!    channels live and the data intact.
 //!
 //! The link's pcap is kept in the VM's run directory when the run fails
 //! (its path printed). Behind the `vm-tests` feature; CI step 62. It skips
 //! (loudly) only when the VM cannot be prepared here, and never under CI.
 
-use std::collections::{BTreeMap, HashMap};
-use std::io::Write as _;
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use kverbs::irql::Passive;
 use kverbs::platform::host::VerifierAllocator;
 use kverbs_tests::interop::{
-    Interop, InteropConfig, LinkWire, PcapGuard, ShadowDisk, interop_platform, io_spec, wait_until,
-    workload,
+    Interop, InteropConfig, LinkWire, MIB, PcapGuard, Record, ShadowDisk, all_succeeded,
+    command_in_ua, exec, interop_platform, prepared_or_skip, spread, stripes, wait_until, workload,
 };
-use kverbs_tests::{Io, IoDone, Op, env_count};
-use kverbs_tools::vm::{PrepareOptions, Prepared, Vm, VmConfig, VmError, WorkDir, prepare};
+use kverbs_tests::{Io, Op, env_count};
+use kverbs_tools::vm::{Vm, VmConfig};
 use md5::Digest as _;
 use std::sync::Arc;
 use storport_srp::miniport::transport::TargetState;
-use storport_srp::scsi::sense::{AdditionalSense, SenseKey, SenseRepr};
-use storport_srp::storport::host::{RequestOutcome, RequestSpec, SgShape};
+use storport_srp::storport::host::{RequestSpec, SgShape};
 use storport_srp::storport::{Address, SrbFunction, SrbStatus};
 use storport_srp::wire::srp::MultiChannelResult;
 
 #[global_allocator]
 static ALLOCATOR: VerifierAllocator = VerifierAllocator;
-
-const MIB: u32 = 1 << 20;
-
-fn prepared_or_skip(test: &str) -> Option<Prepared> {
-    let options = PrepareOptions {
-        verbose: true,
-        ..PrepareOptions::default()
-    };
-    match prepare(&WorkDir::default(), &options) {
-        Ok(prepared) => Some(prepared),
-        Err(e @ VmError::PackagesMissing { .. }) if std::env::var_os("CI").is_none() => {
-            let _ = writeln!(
-                std::io::stderr(),
-                "\n################################################################\n\
-                 ## SKIPPING {test}: the Linux target VM cannot be prepared here.\n\
-                 ## {e}\n\
-                 ## (Under CI this is a failure, not a skip.)\n\
-                 ################################################################\n"
-            );
-            None
-        }
-        Err(e) => panic!("preparing the VM failed: {e}"),
-    }
-}
-
-fn exec(vm: &Vm, cmd: &str) -> String {
-    match vm.exec_ok(cmd) {
-        Ok(out) => out,
-        Err(e) => panic!("{e}"),
-    }
-}
-
-/// The sense of a CHECK CONDITION, decoded.
-fn sense_of(o: &RequestOutcome) -> Option<SenseRepr> {
-    (o.scsi_status == 0x02)
-        .then(|| SenseRepr::parse(&o.sense).ok())
-        .flatten()
-}
-
-/// Issues a data-in command, retrying on UNIT ATTENTION as the class
-/// driver does; returns the outcome, the data and the unit attentions
-/// seen on the way.
-fn command_in_ua(
-    s: &Interop,
-    lun: u8,
-    f: impl Fn(&Interop, u8, &Passive<'_>) -> (RequestOutcome, Vec<u8>),
-    p: &Passive<'_>,
-) -> (RequestOutcome, Vec<u8>, Vec<AdditionalSense>) {
-    let mut uas = Vec::new();
-    for _ in 0..4 {
-        let (o, data) = f(s, lun, p);
-        match sense_of(&o) {
-            Some(sense) if sense.key == SenseKey::UnitAttention => uas.push(sense.code),
-            _ => return (o, data, uas),
-        }
-    }
-    panic!("LUN {lun}: unit attention after unit attention: {uas:?}");
-}
-
-struct Record {
-    lines: Vec<String>,
-}
-
-impl Record {
-    fn note(&mut self, line: String) {
-        eprintln!("[interop] {line}");
-        self.lines.push(line);
-    }
-}
 
 #[test]
 fn srp_through_the_miniport_against_linux_srpt() {
@@ -142,7 +73,7 @@ fn srp_through_the_miniport_against_linux_srpt() {
     let t0 = Instant::now();
     let mut vm = Vm::boot(&config, &prepared).unwrap_or_else(|e| panic!("{e}"));
     let info = vm.info().clone();
-    let mut rec = Record { lines: Vec::new() };
+    let mut rec = Record::new("interop");
     rec.note(format!(
         "VM: kernel {} ({}), ready after {:.1} s",
         info.kernel_release, info.kernel_package, info.boot_secs
@@ -318,8 +249,21 @@ fn srp_through_the_miniport_against_linux_srpt() {
         let done = s.run_ios(&ios, 32, &mut shadows, Duration::from_secs(300), p);
         all_succeeded(&done, "two channels");
         let checked = ios.iter().filter(|io| io.op == Op::Read).count();
+        // A LUN reset with I/O in flight on both channels: it goes out on
+        // each (RC orders it only behind its own channel's commands), LIO
+        // resets the LUN for both nexuses, and nothing the initiator
+        // fenced is run afterwards (no transport failure).
+        let tmfs_before = s.stats(p).tmfs_sent;
+        let (reset_n, reset_outcomes, reset_uas) = lun_reset_during_io(&s, &mut rng, &mut shadows, p);
+        s.verify_all(&mut shadows, p);
         let st = s.stats(p);
         assert_eq!(st.transport_failures, 0, "{st:?}");
+        assert_eq!(st.live_channels, 2, "{st:?}");
+        assert_eq!(st.tmfs_sent - tmfs_before, 2, "one reset per channel: {st:?}");
+        rec.note(format!(
+            "ch_count=2: LUN RESET during {reset_n} I/Os on both channels: SUCCESS; outcomes {reset_outcomes:?}; unit attentions {reset_uas:?}; TMFs {}",
+            st.tmfs_sent - tmfs_before
+        ));
         rec.note(format!(
             "ch_count=2: channel 0 {:?}, channel 1 {:?}; {n} I/Os ({checked} reads) at depth 32 in {:.1} s",
             first.multichannel,
@@ -340,10 +284,7 @@ fn srp_through_the_miniport_against_linux_srpt() {
         );
     }
     rec.note(format!("total {:.1} s", t0.elapsed().as_secs_f64()));
-    eprintln!("\n[interop] summary:");
-    for l in &rec.lines {
-        eprintln!("  {l}");
-    }
+    rec.print_summary();
     guard.passed();
     drop(guard);
     vm.shutdown();
@@ -426,9 +367,14 @@ fn data_phase(
                 0.5,
             ));
         }
+        // Placed clear of the `depth` before each, so that an overlap does
+        // not hold the run below its depth (random placement alone kept
+        // "depth 64" far lower).
+        spread(&mut rng, &mut ios, depth, shadows);
         let t = Instant::now();
-        let done = s.run_ios(&ios, depth, shadows, Duration::from_secs(240), p);
+        let (done, queue) = s.run_ios_measured(&ios, depth, shadows, Duration::from_secs(240), p);
         all_succeeded(&done, &format!("depth {depth}"));
+        assert_eq!(queue.peak, depth, "depth {depth}: {queue:?}");
         let secs = t.elapsed().as_secs_f64();
         let bytes: u64 = ios
             .iter()
@@ -445,11 +391,14 @@ fn data_phase(
                 .unwrap_or(0),
         );
         rec.note(format!(
-            "depth {depth}: {n} I/Os ({} reads), {small} B..{large} B, {:.1} MiB in {secs:.1} s ({:.0} IOPS, {:.1} MiB/s)",
+            "depth {depth}: {n} I/Os ({} reads), {small} B..{large} B, {:.1} MiB in {secs:.1} s ({:.0} IOPS, {:.1} MiB/s), \
+             in flight peak {} mean {:.1}",
             ios.iter().filter(|io| io.op == Op::Read).count(),
             bytes as f64 / f64::from(MIB),
             n as f64 / secs,
-            bytes as f64 / f64::from(MIB) / secs
+            bytes as f64 / f64::from(MIB) / secs,
+            queue.peak,
+            queue.mean
         ));
     }
     let st = s.stats(p);
@@ -489,77 +438,6 @@ fn data_phase(
     }
 }
 
-fn all_succeeded(done: &[IoDone], what: &str) {
-    for d in done {
-        assert_eq!(d.outcome.status.base(), SrbStatus::SUCCESS, "{what}: {d:?}");
-        assert_eq!(d.outcome.completions, 1, "{what}: {d:?}");
-    }
-}
-
-/// Submits `ios` at once; returns their ids.
-fn submit_all(s: &Interop, ios: &[Io], p: &Passive<'_>) -> Vec<u32> {
-    ios.iter().map(|io| s.submit(&io_spec(io), p)).collect()
-}
-
-/// Applies finished I/Os to the shadows (as `run_ios` does) and checks
-/// the reads.
-fn settle_into_shadows(
-    s: &Interop,
-    ios: &[Io],
-    ids: &[u32],
-    shadows: &mut BTreeMap<u8, ShadowDisk>,
-) -> HashMap<SrbStatus, usize> {
-    let mut by_status = HashMap::new();
-    for (io, id) in ios.iter().zip(ids) {
-        let o = s.model.outcome(*id).unwrap();
-        assert_eq!(o.completions, 1, "{o:?}");
-        *by_status.entry(o.status.base()).or_insert(0) += 1;
-        let sh = shadows.get_mut(&io.lun).unwrap();
-        let ok = o.status.base() == SrbStatus::SUCCESS;
-        if !ok {
-            assert_eq!(o.data_transfer_length, 0, "a failed I/O moved data: {o:?}");
-        }
-        match (io.op, ok) {
-            (Op::Write, true) => sh.wrote(io.lba, &io.data),
-            (Op::Write, false) => sh.forget(io.lba, io.blocks),
-            (Op::Read, true) => {
-                let data = s.model.data(*id).unwrap();
-                sh.check_read(io.lba, &data, &format!("{io:?}"));
-            }
-            (Op::Read, false) => {}
-        }
-        let _ = s.model.release(*id);
-    }
-    by_status
-}
-
-/// Non-overlapping large I/O on `lun` (one stripe of `bytes` each).
-fn stripes(rng: &mut fastrand::Rng, sh: &ShadowDisk, lun: u8, n: usize, bytes: u32) -> Vec<Io> {
-    let blocks = bytes / sh.block_len();
-    (0..n)
-        .map(|i| {
-            let op = if i % 2 == 0 { Op::Write } else { Op::Read };
-            let data = if op == Op::Write {
-                let mut d = vec![0u8; bytes as usize];
-                rng.fill(&mut d);
-                d
-            } else {
-                Vec::new()
-            };
-            Io {
-                target: 0,
-                lun,
-                op,
-                lba: (i as u64 * u64::from(blocks)) % sh.blocks(),
-                blocks,
-                block_len: sh.block_len(),
-                shape: SgShape::Pages,
-                data,
-            }
-        })
-        .collect()
-}
-
 /// ABORT TASK of commands queued behind others, and a LUN RESET during
 /// I/O, through the StorPort model's SRB functions.
 fn tmf_phase(
@@ -581,7 +459,7 @@ fn tmf_phase(
     let (mut aborted_ops, mut late_ops) = (Vec::new(), Vec::new());
     for round in 0..3 {
         let ios = stripes(&mut rng, &shadows[&1], 1, 24, 512 << 10);
-        let ids = submit_all(s, &ios, p);
+        let ids = s.submit_all(&ios, p);
         let victims: Vec<u32> = ids[20..].to_vec();
         let aborts: Vec<u32> = victims
             .iter()
@@ -615,7 +493,7 @@ fn tmf_phase(
                 _ => panic!("abort: {o:?} (victim {victim:?})"),
             }
         }
-        let by_status = settle_into_shadows(s, &ios, &ids, shadows);
+        let by_status = s.settle_into_shadows(&ios, &ids, shadows);
         rec.note(format!("abort round {round}: outcomes {by_status:?}"));
         if aborted > 0 {
             break;
@@ -632,10 +510,29 @@ fn tmf_phase(
         st.tmf_timeouts - timeouts_before
     ));
 
-    // LUN RESET during I/O on LUN 0: reported after every command of the
-    // LUN completed; they completed truthfully.
-    let ios = stripes(&mut rng, &shadows[&0], 0, 24, MIB);
-    let ids = submit_all(s, &ios, p);
+    let (n, by_status, uas) = lun_reset_during_io(s, &mut rng, shadows, p);
+    rec.note(format!(
+        "LUN RESET during {n} I/Os: SUCCESS; I/O outcomes {by_status:?}; then unit attentions {uas:?}"
+    ));
+    s.verify_all(shadows, p);
+}
+
+/// LUN RESET during I/O on LUN 0: reported after every command of the
+/// LUN completed; they completed truthfully; the next command sees LIO's
+/// unit attention for the reset (or none), then the LUN works. Returns the
+/// I/O count, their outcomes and the unit attentions.
+fn lun_reset_during_io(
+    s: &Interop,
+    rng: &mut fastrand::Rng,
+    shadows: &mut BTreeMap<u8, ShadowDisk>,
+    p: &Passive<'_>,
+) -> (
+    usize,
+    std::collections::HashMap<SrbStatus, usize>,
+    Vec<storport_srp::scsi::AdditionalSense>,
+) {
+    let ios = stripes(rng, &shadows[&0], 0, 24, MIB);
+    let ids = s.submit_all(&ios, p);
     std::thread::sleep(Duration::from_millis(20));
     let reset = s.submit(
         &RequestSpec::function(SrbFunction::ResetLogicalUnit, Address::new(0, 0, 0)),
@@ -651,72 +548,16 @@ fn tmf_phase(
     );
     let o = s.model.outcome(reset).unwrap();
     assert_eq!(o.status.base(), SrbStatus::SUCCESS, "LUN reset: {o:?}");
-    let by_status = settle_into_shadows(s, &ios, &ids, shadows);
+    let by_status = s.settle_into_shadows(&ios, &ids, shadows);
     for st in by_status.keys() {
         assert!(
             [SrbStatus::SUCCESS, SrbStatus::BUS_RESET, SrbStatus::ABORTED].contains(st),
             "after a LUN reset: {by_status:?}"
         );
     }
-    // The next command sees LIO's unit attention for the reset (or none);
-    // then the LUN works, and what it holds is what we know.
     let (o, _, uas) = command_in_ua(s, 0, |s, l, p| s.read_capacity(l, p), p);
     assert_eq!(o.status.base(), SrbStatus::SUCCESS, "{o:?}");
-    rec.note(format!(
-        "LUN RESET during {} I/Os: SUCCESS; I/O outcomes {by_status:?}; then unit attentions {uas:?}",
-        ios.len()
-    ));
-    verify_all(s, shadows, p);
-}
-
-/// Reads every LUN whole and checks it against the shadow (blocks of
-/// writes that failed are unknown, hence rewritten first).
-fn verify_all(s: &Interop, shadows: &mut BTreeMap<u8, ShadowDisk>, p: &Passive<'_>) {
-    let mut rng = fastrand::Rng::with_seed(0x5eed_0003);
-    let mut ios = Vec::new();
-    for (lun, sh) in shadows.iter() {
-        let per = MIB / sh.block_len();
-        for lba in (0..sh.blocks()).step_by(per as usize) {
-            let blocks = per.min(u32::try_from(sh.blocks() - lba).unwrap());
-            ios.push(Io {
-                target: 0,
-                lun: *lun,
-                op: Op::Read,
-                lba,
-                blocks,
-                block_len: sh.block_len(),
-                shape: SgShape::Contiguous,
-                data: Vec::new(),
-            });
-        }
-    }
-    let done = s.run_ios(&ios, 16, shadows, Duration::from_secs(300), p);
-    all_succeeded(&done, "verify");
-    // Rewrite what became unknown, so later phases check everything.
-    let mut rewrite = Vec::new();
-    for (lun, sh) in shadows.iter() {
-        if sh.all_known() {
-            continue;
-        }
-        let per = MIB / sh.block_len();
-        for lba in (0..sh.blocks()).step_by(per as usize) {
-            let blocks = per.min(u32::try_from(sh.blocks() - lba).unwrap());
-            let mut data = vec![0u8; (blocks * sh.block_len()) as usize];
-            rng.fill(&mut data);
-            rewrite.push(Io {
-                target: 0,
-                lun: *lun,
-                op: Op::Write,
-                lba,
-                blocks,
-                block_len: sh.block_len(),
-                shape: SgShape::Pages,
-                data,
-            });
-        }
-    }
-    let done = s.run_ios(&rewrite, 16, shadows, Duration::from_secs(300), p);
-    all_succeeded(&done, "rewrite");
+    (ios.len(), by_status, uas)
 }
 
 /// The target drops the session: the TPG is disabled in configfs (srpt
@@ -735,7 +576,7 @@ fn reconnect_phase(
     // (a) A short outage with I/O in flight and I/O submitted during it:
     // held, then completed after the reconnect.
     let ios = stripes(&mut rng, &shadows[&0], 0, 16, 256 << 10);
-    let ids = submit_all(s, &ios, p);
+    let ids = s.submit_all(&ios, p);
     let t = Instant::now();
     exec(vm, &format!("echo 0 > {tpg}/enable"));
     assert!(
@@ -744,7 +585,7 @@ fn reconnect_phase(
     );
     let lost = t.elapsed();
     let during = stripes(&mut rng, &shadows[&1], 1, 8, 64 << 10);
-    let during_ids = submit_all(s, &during, p);
+    let during_ids = s.submit_all(&during, p);
     std::thread::sleep(Duration::from_secs(3));
     let held = during_ids.iter().filter(|id| !s.done(**id)).count();
     exec(vm, &format!("echo 1 > {tpg}/enable"));
@@ -757,8 +598,8 @@ fn reconnect_phase(
     let back = t.elapsed();
     s.wait(&ids, Duration::from_secs(120), p);
     s.wait(&during_ids, Duration::from_secs(120), p);
-    let a = settle_into_shadows(s, &ios, &ids, shadows);
-    let b = settle_into_shadows(s, &during, &during_ids, shadows);
+    let a = s.settle_into_shadows(&ios, &ids, shadows);
+    let b = s.settle_into_shadows(&during, &during_ids, shadows);
     for st in a.keys().chain(b.keys()) {
         assert!(
             [
@@ -791,11 +632,11 @@ fn reconnect_phase(
     exec(vm, &format!("echo 0 > {tpg}/enable"));
     assert!(wait_until(Duration::from_secs(30), || s.state() != TargetState::Live));
     let during = stripes(&mut rng, &shadows[&1], 1, 8, 64 << 10);
-    let during_ids = submit_all(s, &during, p);
+    let during_ids = s.submit_all(&during, p);
     let t = Instant::now();
     s.wait(&during_ids, Duration::from_secs(60), p);
     let failed_after = t.elapsed();
-    let b = settle_into_shadows(s, &during, &during_ids, shadows);
+    let b = s.settle_into_shadows(&during, &during_ids, shadows);
     assert_eq!(
         b.get(&SrbStatus::SUCCESS),
         None,
@@ -812,7 +653,7 @@ fn reconnect_phase(
         failed_after.as_secs_f64()
     ));
     // I/O resumes, and the data is what we know.
-    verify_all(s, shadows, p);
+    s.verify_all(shadows, p);
     let ios: Vec<Io> = (0..64)
         .flat_map(|i| {
             let lun = u8::try_from(i % 2).unwrap();

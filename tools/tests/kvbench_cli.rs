@@ -1,7 +1,7 @@
 //! The kvbench command: listing, bad arguments and spec files (clear
-//! errors, exit 2), transports that do not exist yet (refused), a short
-//! run writing its CSV, JSON and plots, and Ctrl-C (SIGINT) stopping a
-//! long run that still prints its table.
+//! errors, exit 2), what the Linux VM transports cannot do (refused before
+//! a boot), a short run writing its CSV, JSON and plots, and Ctrl-C
+//! (SIGINT) stopping a long run that still prints its table.
 
 use std::io::Read;
 use std::path::PathBuf;
@@ -96,14 +96,27 @@ fn a_bad_spec_file_is_refused_naming_file_line_and_field() {
 }
 
 #[test]
-fn transports_that_do_not_exist_yet_are_refused() {
+fn the_linux_vm_transports_refuse_what_the_vm_cannot_be_before_booting_it() {
+    // The old single value is gone; clap names the two that replace it.
     let out = run(&["--transport", "linux-vm"]);
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.status.code(), Some(2));
+    let err = text(&out.stderr);
     assert!(
-        text(&out.stderr).contains("Linux targets"),
-        "{}",
-        text(&out.stderr)
+        err.contains("linux-vm-srp") && err.contains("linux-vm-iser"),
+        "{err}"
     );
+    // The VM runs one target.
+    let out = run(&["--transport", "linux-vm-srp", "--targets", "2"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert!(err.contains("one target"), "{err}");
+    assert!(!err.contains("booting"), "refused before booting: {err}");
+    // iSER maps each buffer with one MR, in the VM as in process.
+    let out = run(&["--transport", "linux-vm-iser", "--sg-shape", "odd"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert!(err.contains("one memory region"), "{err}");
+    assert!(!err.contains("booting"), "refused before booting: {err}");
 }
 
 #[test]

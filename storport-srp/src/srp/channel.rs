@@ -1572,9 +1572,10 @@ impl<P: Platform> Engine<P> {
                     TmfResponse::Transport(FailureKind::ConnectionReset),
                     irql,
                 );
+            } else {
+                bump(&t.counters.tmfs_sent);
             }
         }
-        bump(&t.counters.tmfs_sent);
         self.rearm(t, irql);
         with_dispatch::<P, _, _>(irql, |d| {
             self.group_member_done(tmf, TmfResponse::Complete, d);

@@ -238,7 +238,7 @@ pub struct TargetStats {
     pub stale_responses: u64,
     /// Responses owed to target requests that found no IU (dropped).
     pub dropped_responses: u64,
-    /// Task management functions sent.
+    /// Task management IUs sent (a LUN reset sends one per live channel).
     pub tmfs_sent: u64,
     /// Task management functions that timed out.
     pub tmf_timeouts: u64,

@@ -18,17 +18,22 @@
 //! driving the miniport core over a transport ([`model`]) — the SRP engine
 //! over the software HCAs to the software SRP target ([`srp`], the full
 //! stack), the iSER engine to the software iSER target ([`iser`], the full
-//! stack over iSER), or the in-process loopback transport ([`loopback`]: the model
-//! and the core alone) — or the plain RAM backend ([`ram`], the engine's
-//! ceiling).
+//! stack over iSER), either engine over the software HCA's RoCEv2 link to
+//! the Linux kernel's `ib_srpt` or LIO iSER in the qemu VM ([`linux_vm`]),
+//! or the in-process loopback transport ([`loopback`]: the model and the
+//! core alone) — or the plain RAM backend ([`ram`], the engine's ceiling).
+//! The RDMA stacks share their HCA, CM, adapter start and teardown
+//! ([`rdma`]).
 
 pub mod backend;
 pub mod engine;
 pub mod iser;
+pub mod linux_vm;
 pub mod loopback;
 pub mod model;
 pub mod plot;
 pub mod ram;
+pub mod rdma;
 pub mod report;
 pub mod spec;
 pub mod srp;

@@ -24,11 +24,12 @@ use std::time::{Duration, Instant};
 use kverbs::irql::Passive;
 use kverbs::platform::host::{HostConfig, HostPlatform};
 use storport_srp::miniport::{Adapter, AdapterConfig, CoreContext, TMF_SLOTS};
+use storport_srp::scsi::sense::{SenseKey, SenseRepr};
 use storport_srp::scsi::{
     CdbRepr, ReadCapacity16Cdb, ReadCapacity16Data, ReadCapacity16Repr, ReadWriteCdb,
 };
 use storport_srp::storport::host::{
-    HostPort, ModelConfig, RequestSpec, RequestState, SgShape, StorPortModel,
+    HostPort, ModelConfig, RequestOutcome, RequestSpec, RequestState, SgShape, StorPortModel,
 };
 use storport_srp::storport::{AdapterLimits, Address, DataDirection, HwMiniport, SrbStatus};
 
@@ -122,6 +123,8 @@ const MAX_REQUESTS: usize = 16_384;
 /// How long the backend waits for its own setup I/O (discovery, first use
 /// of a request) before calling the stack broken.
 const SETUP_TIMEOUT: Duration = Duration::from_secs(30);
+/// Times discovery asks a LUN again after a unit attention.
+const UNIT_ATTENTION_RETRIES: usize = 4;
 /// Times a setup READ that ended `SRB_STATUS_BUS_RESET` is retried.
 const SETUP_RETRIES: usize = 3;
 
@@ -174,7 +177,7 @@ impl<M: HwMiniport<HostPort>> ModelBackend<M> {
 
     /// Runs one command to completion on a fresh request; its outcome and
     /// data.
-    fn one_shot(&self, spec: &RequestSpec) -> Result<(SrbStatus, Vec<u8>), BackendError> {
+    fn one_shot(&self, spec: &RequestSpec) -> Result<(RequestOutcome, Vec<u8>), BackendError> {
         let model = &self.shared.model;
         let mailbox = Arc::new(Mailbox {
             done: Mutex::new(VecDeque::with_capacity(4)),
@@ -210,7 +213,7 @@ impl<M: HwMiniport<HostPort>> ModelBackend<M> {
             .outcome(id)
             .ok_or_else(|| BackendError::new("a setup request vanished"))?;
         let data = model.data(id).unwrap_or_default();
-        Ok((outcome.status.base(), data))
+        Ok((outcome, data))
     }
 
     fn discover(&mut self, limits: AdapterLimits) -> Result<(), BackendError> {
@@ -226,8 +229,18 @@ impl<M: HwMiniport<HostPort>> ModelBackend<M> {
                     .to_cdb16()
                     .map_err(|e| BackendError::new(format!("READ CAPACITY(16): {e}")))?;
                 let spec = RequestSpec::scsi_in(address, &bytes[..cdb.buffer_len()], 32);
-                let (status, data) = self.one_shot(&spec)?;
-                if status != SrbStatus::SUCCESS {
+                // A real target reports a unit attention (power on, reset,
+                // LUNs changed) to a new session's first command on each
+                // LUN; the class driver asks again, and so does this.
+                let mut answer = self.one_shot(&spec)?;
+                for _ in 0..UNIT_ATTENTION_RETRIES {
+                    if !is_unit_attention(&answer.0) {
+                        break;
+                    }
+                    answer = self.one_shot(&spec)?;
+                }
+                let (outcome, data) = answer;
+                if outcome.status.base() != SrbStatus::SUCCESS {
                     continue;
                 }
                 let Ok(view) = ReadCapacity16Data::new_checked(&data[..]) else {
@@ -318,6 +331,15 @@ impl<M: HwMiniport<HostPort>> ModelBackend<M> {
         found
     }
 }
+
+/// Whether a command ended CHECK CONDITION with UNIT ATTENTION sense.
+fn is_unit_attention(outcome: &RequestOutcome) -> bool {
+    outcome.scsi_status == CHECK_CONDITION
+        && SenseRepr::parse(&outcome.sense).is_ok_and(|s| s.key == SenseKey::UnitAttention)
+}
+
+/// SCSI status CHECK CONDITION.
+const CHECK_CONDITION: u8 = 0x02;
 
 fn rw_cdb(direction: Direction, lba: u64, blocks: u32) -> Result<([u8; 16], usize), BackendError> {
     let rw = ReadWriteCdb::new(lba, blocks);

@@ -16,6 +16,7 @@ use kverbs_tools::bench::engine::{
     CancelToken, Observer, Phase, RunConfig, SuiteResult, run_suite,
 };
 use kverbs_tools::bench::iser::{IserMiniport, IserOptions, iser_backend};
+use kverbs_tools::bench::linux_vm::{LinuxVmOptions, linux_vm_iser_backend, linux_vm_srp_backend};
 use kverbs_tools::bench::model::{
     LoopbackMiniport, LoopbackOptions, ModelBackend, loopback_backend,
 };
@@ -28,6 +29,7 @@ use kverbs_tools::bench::srp::{SrpMiniport, SrpOptions, srp_backend};
 use kverbs_tools::bench::stats::SpecResult;
 use kverbs_tools::bench::{Backend, plot, report};
 use kverbs_tools::scsi_target::BlockSize;
+use kverbs_tools::vm::WorkDir;
 use storport_srp::storport::host::SgShape;
 
 /// What the I/O goes through.
@@ -45,8 +47,13 @@ enum TransportKind {
     /// kverbs -> software HCA <-> software HCA -> software iSER target
     /// (buffers must be contiguous or pages: one MR each).
     Iser,
-    /// The Linux kernel's targets in the qemu VM (not available yet).
-    LinuxVm,
+    /// The full SRP stack against the Linux kernel's ib_srpt in a qemu VM
+    /// (TCG), over the software HCA's RoCEv2 link and Soft-RoCE in the
+    /// guest; LIO RAM-disk LUNs. Prepares and boots the VM (see --vm-*).
+    LinuxVmSrp,
+    /// The full iSER stack against Linux LIO's iSCSI target over ib_isert
+    /// in a qemu VM (TCG), as linux-vm-srp.
+    LinuxVmIser,
 }
 
 /// Buffer layout in physical memory.
@@ -183,17 +190,20 @@ struct Args {
     #[arg(long)]
     plots: Option<PathBuf>,
 
-    /// Targets in the embedded stack.
+    /// Targets in the embedded stack (linux-vm: one).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=16))]
     targets: u8,
 
-    /// LUNs per target in the embedded stack.
+    /// LUNs per target in the embedded stack, or of the VM's target
+    /// (linux-vm, at most 16).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=16))]
     luns: u8,
 
-    /// Size of each RAM-disk LUN (sparse: only what is written uses memory).
-    #[arg(long, default_value = "256M", value_parser = parse_size)]
-    lun_size: u64,
+    /// Size of each RAM-disk LUN (sparse: only what is written uses
+    /// memory; in the VM, whole MiB of guest RAM). Default 256M, or 32M
+    /// for the linux-vm transports.
+    #[arg(long, value_parser = parse_size)]
+    lun_size: Option<u64>,
 
     /// Logical block size of the RAM-disk LUNs: 512 or 4096.
     #[arg(long, default_value_t = 512)]
@@ -222,6 +232,22 @@ struct Args {
     /// by RDMA READ).
     #[arg(long)]
     no_immediate: bool,
+
+    /// linux-vm: the VM harness's work directory (package cache, kernel,
+    /// initramfs, run directory with the console log); default
+    /// $KV_VM_WORKDIR, else target/kv-vm.
+    #[arg(long, value_name = "DIR")]
+    vm_workdir: Option<PathBuf>,
+
+    /// linux-vm: the VM instance's name (its run directory under the work
+    /// directory).
+    #[arg(long, default_value = "kvbench", value_name = "NAME")]
+    vm_instance: String,
+
+    /// linux-vm: never install missing host packages (by default they are
+    /// installed with apt when running as root).
+    #[arg(long)]
+    vm_no_install: bool,
 
     /// No progress bar.
     #[arg(long)]
@@ -389,6 +415,7 @@ impl Built {
 fn build(args: &Args) -> Result<Built, String> {
     let block_size = BlockSize::from_bytes(args.block_size)
         .ok_or_else(|| format!("--block-size {} is not 512 or 4096", args.block_size))?;
+    let lun_size = args.lun_size.unwrap_or(256 << 20);
     let sg_shape = match args.sg_shape {
         Shape::Contiguous => SgShape::Contiguous,
         Shape::Pages => SgShape::Pages,
@@ -399,7 +426,7 @@ fn build(args: &Args) -> Result<Built, String> {
             let options = SrpOptions {
                 targets: args.targets,
                 luns: args.luns,
-                lun_bytes: args.lun_size,
+                lun_bytes: lun_size,
                 block_size,
                 sg_shape,
                 processors: args.processors,
@@ -415,7 +442,7 @@ fn build(args: &Args) -> Result<Built, String> {
             let options = IserOptions {
                 targets: args.targets,
                 luns: args.luns,
-                lun_bytes: args.lun_size,
+                lun_bytes: lun_size,
                 block_size,
                 sg_shape,
                 processors: args.processors,
@@ -426,33 +453,56 @@ fn build(args: &Args) -> Result<Built, String> {
                 .map(Built::Iser)
                 .map_err(|e| format!("cannot build the iSER stack: {e}"))
         }
-        TransportKind::LinuxVm => Err(
-            "running against the Linux targets in the VM (kv-vm) is not wired into kvbench yet; \
-             use --transport loopback or ram"
-                .into(),
-        ),
+        TransportKind::LinuxVmSrp | TransportKind::LinuxVmIser => {
+            if args.targets != 1 {
+                return Err("the Linux target VM runs one target: --targets must be 1".into());
+            }
+            let options = LinuxVmOptions {
+                workdir: args
+                    .vm_workdir
+                    .clone()
+                    .map_or_else(WorkDir::default, WorkDir::new),
+                instance: args.vm_instance.clone(),
+                install: !args.vm_no_install,
+                verbose: !args.no_progress,
+                luns: args.luns,
+                lun_bytes: args.lun_size.unwrap_or(32 << 20),
+                block_size,
+                sg_shape,
+                processors: args.processors,
+                channels: args.channels,
+                queue_size: args.queue_size,
+                immediate_data: !args.no_immediate,
+            };
+            if args.transport == TransportKind::LinuxVmSrp {
+                linux_vm_srp_backend(&options)
+                    .map(Built::Srp)
+                    .map_err(|e| format!("cannot run against ib_srpt in the VM: {e}"))
+            } else {
+                linux_vm_iser_backend(&options)
+                    .map(Built::Iser)
+                    .map_err(|e| format!("cannot run against LIO iSER in the VM: {e}"))
+            }
+        }
         TransportKind::Ram => {
             if args.block_size != 512 {
                 return Err("--transport ram has 512-byte blocks only".into());
             }
             let disks = usize::from(args.targets) * usize::from(args.luns);
-            let total = args.lun_size.saturating_mul(disks as u64);
+            let total = lun_size.saturating_mul(disks as u64);
             if total > 8 << 30 {
                 return Err(format!(
                     "--transport ram allocates its disks: {} bytes is too much (at most 8 GiB)",
                     total
                 ));
             }
-            Ok(Built::Boxed(Box::new(RamBackend::new(
-                disks,
-                args.lun_size,
-            ))))
+            Ok(Built::Boxed(Box::new(RamBackend::new(disks, lun_size))))
         }
         TransportKind::Loopback => {
             let options = LoopbackOptions {
                 targets: args.targets,
                 luns: args.luns,
-                lun_bytes: args.lun_size,
+                lun_bytes: lun_size,
                 block_size,
                 sg_shape,
                 processors: args.processors,

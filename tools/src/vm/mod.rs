@@ -30,6 +30,7 @@ mod config;
 mod control;
 pub mod ethernet;
 mod instance;
+pub mod link;
 mod prepare;
 mod process;
 
