@@ -19,11 +19,17 @@ use core::fmt;
 
 use crate::barrier;
 use crate::cqe::{CQE_SIZE, Cqe, CqeOpcode, OWNER_WORD, owned_by_software, owner_bit};
+use crate::dma::PhysAddr;
 use crate::dma::{DmaError, SharedWords};
 use crate::recv::{MAX_RECV_SGE, RecvWqe, emit_recv_wqe};
+use crate::sync::atomic::AtomicU64;
 use crate::sync::atomic::Ordering;
 use crate::view::FormatError;
-use crate::wqe::{DataSegRepr, WQEBB_SIZE};
+use crate::wqe::{
+    CtrlFlags, CtrlSeg, CtrlSegRepr, DS_SIZE, DataSeg, DataSegRepr, DatagramSeg, DatagramSegRepr,
+    INLINE_SEG_FLAG, MAX_DS, MAX_SEND_WQE_BYTES, RaddrSeg, RaddrSegRepr, RegMrSeg, RegMrSegRepr,
+    SendOpcode, WQEBB_SIZE, inline_seg_len,
+};
 
 /// Why a ring operation failed.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -108,6 +114,48 @@ impl<M: SharedWords> SendRing<M> {
 
     fn ring_words(&self) -> usize {
         self.wqebb_count as usize * (WQEBB_SIZE / 8)
+    }
+
+    /// Starts a send WQE written in place at WQEBB counter `counter` (mlx5's
+    /// way: segments go straight into the queue, no staging copy), using at
+    /// most `room_wqebbs` WQEBBs — the free space the caller owns past its
+    /// producer counter. The control segment is written last, with its
+    /// `ds`, by [`SendWqeWriter::finish`]; nothing is visible to the device until
+    /// the caller publishes it ([`barrier::to_device`], doorbell record,
+    /// doorbell), so a WQE abandoned half-written is just free space again.
+    ///
+    /// # IRQL
+    /// Any (never blocks).
+    pub fn wqe_writer(
+        &self,
+        counter: u32,
+        room_wqebbs: u32,
+        header: WqeHeader,
+    ) -> SendWqeWriter<'_> {
+        let room = (room_wqebbs.min(self.wqebb_count) as usize).saturating_mul(WQEBB_SIZE);
+        let ctrl = CtrlSegRepr {
+            opcode: header.opcode,
+            opmod: 0,
+            wqe_index: counter as u16,
+            qpn: header.qpn,
+            ds: 1,
+            flags: header.flags,
+            imm: header.imm,
+        };
+        let mut w = SendWqeWriter {
+            words: self.mem.words(),
+            ring_words: self.ring_words(),
+            start: (counter & (self.wqebb_count - 1)) as usize * (WQEBB_SIZE / 8),
+            len: 0,
+            room,
+            ctrl,
+            short_of_room: false,
+            fault: false,
+        };
+        // The control segment's place; it is written once, by `finish`,
+        // with its final `ds`.
+        let _ = w.reserve(CtrlSegRepr::LEN);
+        w
     }
 
     /// Copies a built WQE into the ring at WQEBB counter `counter`, wrapping to
@@ -371,12 +419,267 @@ impl<M: SharedWords> CqRing<M> {
     }
 }
 
+/// What a send WQE's control segment says besides its place and size.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct WqeHeader {
+    /// The operation.
+    pub opcode: SendOpcode,
+    /// The QP number.
+    pub qpn: u32,
+    /// Completion/fence/solicited flags.
+    pub flags: CtrlFlags,
+    /// Immediate data, or the key to invalidate.
+    pub imm: u32,
+}
+
+/// A send WQE being written in place in a [`SendRing`] (see
+/// [`SendRing::wqe_writer`]): the segments of
+/// [`crate::wqe::SendWqeBuilder`], byte for byte the same WQE, but each
+/// segment is encoded in a small stack buffer and stored straight into the
+/// ring's words — no zeroed maximum-size staging WQE, no second copy.
+#[derive(Debug)]
+pub struct SendWqeWriter<'r> {
+    words: &'r [AtomicU64],
+    ring_words: usize,
+    /// First word of the WQE.
+    start: usize,
+    /// Bytes written so far (a multiple of 16).
+    len: usize,
+    /// Bytes the caller owns past its producer counter.
+    room: usize,
+    ctrl: CtrlSegRepr,
+    short_of_room: bool,
+    /// A store fell outside the ring's memory.
+    fault: bool,
+}
+
+impl SendWqeWriter<'_> {
+    /// Claims `n` more bytes; the offset they start at. Past the room the
+    /// WQE is still measured (so a caller learns the same format errors as
+    /// from the staging builder) but nothing more is stored, and
+    /// [`SendWqeWriter::finish`] refuses it.
+    fn reserve(&mut self, n: usize) -> Result<usize, FormatError> {
+        let start = self.len;
+        let end = start.checked_add(n).ok_or(FormatError::WqeTooLarge)?;
+        if end > MAX_SEND_WQE_BYTES {
+            return Err(FormatError::WqeTooLarge);
+        }
+        if end > self.room {
+            self.short_of_room = true;
+        }
+        self.len = end;
+        Ok(start)
+    }
+
+    /// Stores one word at byte `at` of the WQE (wrapping to slot 0), if it
+    /// lies inside the room.
+    #[inline]
+    fn put_word(&mut self, at: usize, value: u64) {
+        if at >= self.room {
+            return;
+        }
+        // `ring_words` is a power of two (a power-of-two WQEBB count).
+        let index = (self.start + at / 8) & self.ring_words.wrapping_sub(1);
+        match self.words.get(index) {
+            Some(cell) => cell.store(value, Ordering::Relaxed),
+            None => self.fault = true,
+        }
+    }
+
+    /// Stores `bytes` (a multiple of 8 long) at byte `at` of the WQE.
+    fn put(&mut self, at: usize, bytes: &[u8]) {
+        for (i, chunk) in bytes.chunks_exact(8).enumerate() {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(chunk);
+            self.put_word(at + i * 8, u64::from_ne_bytes(w));
+        }
+    }
+
+    fn put_ctrl(&mut self, at: usize) {
+        let mut seg = [0u8; CtrlSegRepr::LEN];
+        self.ctrl.emit(&mut CtrlSeg::new_unchecked(&mut seg[..]));
+        self.put(at, &seg);
+    }
+
+    /// Appends a remote address segment.
+    ///
+    /// # Errors
+    /// [`FormatError::WqeTooLarge`].
+    pub fn raddr(&mut self, raddr: u64, rkey: u32) -> Result<&mut Self, FormatError> {
+        let at = self.reserve(RaddrSegRepr::LEN)?;
+        let mut seg = [0u8; RaddrSegRepr::LEN];
+        RaddrSegRepr { raddr, rkey }.emit(&mut RaddrSeg::new_unchecked(&mut seg[..]));
+        self.put(at, &seg);
+        Ok(self)
+    }
+
+    /// Appends a data segment.
+    ///
+    /// # Errors
+    /// [`FormatError::WqeTooLarge`].
+    pub fn data(&mut self, seg: DataSegRepr) -> Result<&mut Self, FormatError> {
+        let at = self.reserve(DataSegRepr::LEN)?;
+        let mut bytes = [0u8; DataSegRepr::LEN];
+        seg.emit(&mut DataSeg::new_unchecked(&mut bytes[..]));
+        self.put(at, &bytes);
+        Ok(self)
+    }
+
+    /// Appends an inline data segment holding `data`.
+    ///
+    /// # Errors
+    /// [`FormatError::WqeTooLarge`].
+    pub fn inline(&mut self, data: &[u8]) -> Result<&mut Self, FormatError> {
+        let hdr =
+            u32::try_from(data.len()).map_err(|_| FormatError::WqeTooLarge)? | INLINE_SEG_FLAG;
+        let total = inline_seg_len(data.len());
+        let at = self.reserve(total)?;
+        // The header and the data as one byte stream, zero-padded to 16,
+        // 16 bytes at a time.
+        let mut chunk = [0u8; DS_SIZE];
+        let mut filled = 4;
+        if let Some(h) = chunk.get_mut(..4) {
+            h.copy_from_slice(&hdr.to_be_bytes());
+        }
+        let mut offset = at;
+        let mut rest = data;
+        loop {
+            let n = rest.len().min(DS_SIZE - filled);
+            let (now, later) = rest.split_at_checked(n).unwrap_or((rest, &[]));
+            if let Some(dst) = chunk.get_mut(filled..filled + n) {
+                dst.copy_from_slice(now);
+            }
+            filled += n;
+            rest = later;
+            if filled == DS_SIZE || rest.is_empty() {
+                if let Some(pad) = chunk.get_mut(filled..) {
+                    pad.fill(0);
+                }
+                self.put(offset, &chunk);
+                offset += DS_SIZE;
+                filled = 0;
+            }
+            if rest.is_empty() {
+                break;
+            }
+        }
+        Ok(self)
+    }
+
+    /// Appends a UD datagram segment.
+    ///
+    /// # Errors
+    /// [`FormatError::WqeTooLarge`].
+    pub fn datagram(&mut self, av: &DatagramSegRepr) -> Result<&mut Self, FormatError> {
+        let at = self.reserve(DatagramSegRepr::LEN)?;
+        let mut seg = [0u8; DatagramSegRepr::LEN];
+        av.emit(&mut DatagramSeg::new_unchecked(&mut seg[..]));
+        self.put(at, &seg);
+        Ok(self)
+    }
+
+    fn reg_mr_seg(&mut self, reg: &RegMrSegRepr) -> Result<(), FormatError> {
+        let at = self.reserve(RegMrSegRepr::LEN)?;
+        let mut seg = [0u8; RegMrSegRepr::LEN];
+        reg.emit(&mut RegMrSeg::new_unchecked(&mut seg[..]));
+        self.put(at, &seg);
+        Ok(())
+    }
+
+    /// Appends a fast-registration segment followed by its page list inline.
+    ///
+    /// # Errors
+    /// [`FormatError::WqeTooLarge`]; [`FormatError::BadRegistration`] if
+    /// `pages.len()` differs from `reg.npages` or `reg.inline_list` is false.
+    pub fn reg_mr_inline(
+        &mut self,
+        reg: &RegMrSegRepr,
+        pages: &[PhysAddr],
+    ) -> Result<&mut Self, FormatError> {
+        if !reg.inline_list || pages.len() != reg.npages as usize {
+            return Err(FormatError::BadRegistration);
+        }
+        self.reg_mr_seg(reg)?;
+        let list_len = (pages.len() * 8).div_ceil(DS_SIZE) * DS_SIZE;
+        let at = self.reserve(list_len)?;
+        for (i, p) in pages.iter().enumerate() {
+            // Big-endian on the wire, as the bytes land in memory.
+            self.put_word(at + i * 8, u64::from_ne_bytes(p.0.to_be_bytes()));
+        }
+        if pages.len() % 2 == 1 {
+            self.put_word(at + pages.len() * 8, 0);
+        }
+        Ok(self)
+    }
+
+    /// Appends a fast-registration segment whose page list lives in device
+    /// memory named by `list` (byte count `npages * 8`).
+    ///
+    /// # Errors
+    /// [`FormatError::WqeTooLarge`]; [`FormatError::BadRegistration`] if
+    /// `reg.inline_list` is set or `list` has the wrong size.
+    pub fn reg_mr_indirect(
+        &mut self,
+        reg: &RegMrSegRepr,
+        list: DataSegRepr,
+    ) -> Result<&mut Self, FormatError> {
+        if reg.inline_list || u64::from(list.byte_count) != u64::from(reg.npages) * 8 {
+            return Err(FormatError::BadRegistration);
+        }
+        self.reg_mr_seg(reg)?;
+        self.data(list)
+    }
+
+    /// WQEBBs the WQE occupies so far.
+    #[must_use]
+    pub fn wqebbs(&self) -> u32 {
+        self.len.div_ceil(WQEBB_SIZE) as u32
+    }
+
+    /// True if the WQE has grown past the room the caller gave (a full
+    /// queue, not a malformed request): only its head was stored, and
+    /// [`SendWqeWriter::finish`] will refuse it.
+    #[must_use]
+    pub fn short_of_room(&self) -> bool {
+        self.short_of_room
+    }
+
+    /// Finishes the WQE: writes its `ds` into the control segment in the
+    /// ring and returns that control segment (for the doorbell value).
+    ///
+    /// # Errors
+    /// [`RingError::TooLarge`] if it outgrew its room
+    /// ([`SendWqeWriter::short_of_room`]); [`RingError::Format`] if more
+    /// than [`MAX_DS`] units were written; [`RingError::Dma`] if a store
+    /// fell outside the ring's memory.
+    pub fn finish(mut self) -> Result<CtrlSegRepr, RingError> {
+        if self.short_of_room {
+            return Err(RingError::TooLarge);
+        }
+        if self.fault || self.len < CtrlSegRepr::LEN {
+            return Err(RingError::Dma(DmaError::OutOfBounds));
+        }
+        let ds = u8::try_from(self.len / DS_SIZE).map_err(|_| FormatError::WqeTooLarge)?;
+        if usize::from(ds) > MAX_DS {
+            return Err(FormatError::WqeTooLarge.into());
+        }
+        self.ctrl.ds = ds;
+        self.put_ctrl(0);
+        if self.fault {
+            return Err(RingError::Dma(DmaError::OutOfBounds));
+        }
+        Ok(self.ctrl)
+    }
+}
+
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
     use crate::cqe::CqeRepr;
     use crate::sync::atomic::AtomicU64;
-    use crate::wqe::{CtrlFlags, SendOpcode, SendWqe, SendWqeBuilder};
+    use crate::wqe::SendWqe;
+    use crate::wqe::SendWqeBuilder;
+    use alloc::vec;
     use alloc::vec::Vec;
 
     fn mem(words: usize) -> Vec<AtomicU64> {
@@ -424,6 +727,232 @@ mod tests {
         assert_eq!(w.ctrl.wqe_index, 3);
         assert_eq!(ring.write_wqe(0, &[0; 12]), Err(RingError::Misaligned));
         assert_eq!(ring.write_wqe(0, &[0; 264]), Err(RingError::TooLarge));
+    }
+
+    /// One WQE shape, applied alike to the staging builder and to the
+    /// in-place writer.
+    #[derive(Clone, Copy)]
+    enum Shape<'a> {
+        Sges(u32),
+        Inline(&'a [u8]),
+        Write(u32),
+        Datagram,
+        RegInline(&'a [PhysAddr]),
+        RegIndirect(u32),
+        Nothing,
+    }
+
+    fn reg(npages: u32, inline_list: bool) -> RegMrSegRepr {
+        RegMrSegRepr {
+            mkey: 0x1234_5601,
+            access: crate::device::AccessFlags::LOCAL_WRITE
+                | crate::device::AccessFlags::REMOTE_WRITE,
+            page_shift: 12,
+            inline_list,
+            iova: 0x7000_0000_0123,
+            length: (u64::from(npages) * 4096).saturating_sub(0x123),
+            npages,
+        }
+    }
+
+    fn seg(i: u32) -> DataSegRepr {
+        DataSegRepr {
+            byte_count: 100 + i,
+            lkey: 0x500 + i,
+            addr: 0x1_0000 * u64::from(i + 1),
+        }
+    }
+
+    fn av() -> DatagramSegRepr {
+        DatagramSegRepr {
+            qkey: 0x8001_0000,
+            dqpn: 0x00ab_cdef,
+            sl: 3,
+            tclass: 0x20,
+            hop_limit: 64,
+            flow_label: 0x1_2345,
+            rgid: [7; 16],
+            rmac: [1, 2, 3, 4, 5, 6],
+        }
+    }
+
+    macro_rules! apply {
+        ($b:expr, $shape:expr) => {
+            match $shape {
+                Shape::Sges(n) => {
+                    for i in 0..n {
+                        $b.data(seg(i)).map(|_| ())?;
+                    }
+                    Ok(())
+                }
+                Shape::Inline(d) => $b.inline(d).map(|_| ()),
+                Shape::Write(n) => {
+                    $b.raddr(0xdead_beef_0000, 0x77).map(|_| ())?;
+                    for i in 0..n {
+                        $b.data(seg(i)).map(|_| ())?;
+                    }
+                    Ok(())
+                }
+                Shape::Datagram => {
+                    $b.datagram(&av()).map(|_| ())?;
+                    $b.data(seg(0)).map(|_| ())
+                }
+                Shape::RegInline(pages) => $b
+                    .reg_mr_inline(&reg(pages.len() as u32, true), pages)
+                    .map(|_| ()),
+                Shape::RegIndirect(n) => $b
+                    .reg_mr_indirect(
+                        &reg(n, false),
+                        DataSegRepr {
+                            byte_count: n * 8,
+                            lkey: 0,
+                            addr: 0x9000,
+                        },
+                    )
+                    .map(|_| ()),
+                Shape::Nothing => Ok(()),
+            }
+        };
+    }
+
+    fn staged(shape: Shape<'_>, index: u16) -> Result<(Vec<u8>, CtrlSegRepr), FormatError> {
+        let mut b = SendWqeBuilder::new(SendOpcode::Send, index, 0x42, CtrlFlags::CQ_UPDATE, 9);
+        (|| -> Result<(), FormatError> { apply!(b, shape) })()?;
+        let bytes = b.finish()?.to_vec();
+        Ok((bytes, b.ctrl()))
+    }
+
+    /// The writer's verdict: the WQE, a format error, or no room.
+    #[derive(Debug, PartialEq)]
+    enum Written {
+        Wqe(CtrlSegRepr, u32),
+        Refused(FormatError),
+        NoRoom,
+    }
+
+    fn in_place(
+        ring: &SendRing<&[AtomicU64]>,
+        shape: Shape<'_>,
+        counter: u32,
+        room: u32,
+    ) -> Written {
+        let header = WqeHeader {
+            opcode: SendOpcode::Send,
+            qpn: 0x42,
+            flags: CtrlFlags::CQ_UPDATE,
+            imm: 9,
+        };
+        let mut w = ring.wqe_writer(counter, room, header);
+        let r = (|| -> Result<(), FormatError> { apply!(w, shape) })();
+        if let Err(e) = r {
+            return Written::Refused(e);
+        }
+        if w.short_of_room() {
+            assert_eq!(w.finish(), Err(RingError::TooLarge));
+            return Written::NoRoom;
+        }
+        let bbs = w.wqebbs();
+        Written::Wqe(w.finish().unwrap(), bbs)
+    }
+
+    #[test]
+    fn in_place_writer_matches_the_staging_builder() {
+        let pages: Vec<PhysAddr> = (1..=9).map(|i| PhysAddr(i * 0x1000)).collect();
+        let data: Vec<u8> = (0..=200).map(|i| i as u8).collect();
+        let mut shapes = vec![Shape::Nothing, Shape::Datagram, Shape::RegIndirect(64)];
+        for n in 0..=MAX_DS as u32 {
+            shapes.push(Shape::Sges(n));
+            shapes.push(Shape::Write(n));
+        }
+        // Miri runs a sample (every length class around the 16-byte
+        // boundaries is still there).
+        let step = if cfg!(miri) { 5 } else { 1 };
+        for n in (0..=data.len()).step_by(step) {
+            shapes.push(Shape::Inline(&data[..n]));
+        }
+        for n in 0..=pages.len() {
+            shapes.push(Shape::RegInline(&pages[..n]));
+        }
+        // A 16-WQEBB ring, every WQE at every start counter (most wrap).
+        let m = mem(16 * 8);
+        let ring = SendRing::new(&m[..], 16).unwrap();
+        for (k, shape) in shapes.iter().enumerate() {
+            let counters: &[u32] = if cfg!(miri) {
+                &[15]
+            } else {
+                &[0, 5, 13, 15, 16 + 14, u32::MAX]
+            };
+            for &counter in counters {
+                let expected = staged(*shape, counter as u16);
+                // Dirty the ring first: every byte of the WQE must be written.
+                for w in m.iter() {
+                    w.store(0xA5A5_A5A5_A5A5_A5A5, Ordering::Relaxed);
+                }
+                let got = in_place(&ring, *shape, counter, 16);
+                match (expected, got) {
+                    (Ok((bytes, ctrl)), Written::Wqe(got_ctrl, bbs)) => {
+                        assert_eq!(got_ctrl, ctrl, "shape {k} at {counter}");
+                        assert_eq!(bbs as usize, bytes.len().div_ceil(WQEBB_SIZE));
+                        let mut back = vec![0u8; bytes.len()];
+                        ring.read_wqe(counter, &mut back).unwrap();
+                        assert_eq!(back, bytes, "shape {k} at {counter}");
+                    }
+                    // The ring holds 16 WQEBBs = 1024 bytes >= the largest
+                    // WQE: a refusal is never for room.
+                    (Err(e), Written::Refused(g)) => assert_eq!(g, e, "shape {k}"),
+                    (e, g) => panic!("shape {k} at {counter}: staged {e:?}, in place {g:?}"),
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn in_place_writer_stays_inside_its_room() {
+        let m = mem(8 * 8);
+        let ring = SendRing::new(&m[..], 8).unwrap();
+        for w in m.iter() {
+            w.store(7, Ordering::Relaxed);
+        }
+        // Room for 1 WQEBB (64 bytes: ctrl + 3 data segments); with a
+        // fourth the WQE is measured but refused for room, and nothing
+        // past the WQEBB moved.
+        assert!(matches!(
+            in_place(&ring, Shape::Sges(3), 6, 1),
+            Written::Wqe(_, 1)
+        ));
+        assert_eq!(in_place(&ring, Shape::Sges(4), 6, 1), Written::NoRoom);
+        assert_eq!(
+            in_place(&ring, Shape::Inline(&[9; 200]), 6, 1),
+            Written::NoRoom
+        );
+        for (i, w) in m.iter().enumerate() {
+            if !(48..56).contains(&i) {
+                assert_eq!(w.load(Ordering::Relaxed), 7, "word {i}");
+            }
+        }
+        // A format error comes first, as from the staging builder, even
+        // without room.
+        let big = mem(16 * 8);
+        let big = SendRing::new(&big[..], 16).unwrap();
+        assert_eq!(
+            in_place(&big, Shape::Sges(MAX_DS as u32), 0, 64),
+            Written::Refused(FormatError::WqeTooLarge)
+        );
+        assert_eq!(
+            in_place(&ring, Shape::Sges(MAX_DS as u32), 0, 1),
+            Written::Refused(FormatError::WqeTooLarge)
+        );
+        // No room at all: not even the control segment.
+        let nop = WqeHeader {
+            opcode: SendOpcode::Nop,
+            qpn: 1,
+            flags: CtrlFlags::empty(),
+            imm: 0,
+        };
+        assert_eq!(
+            ring.wqe_writer(0, 0, nop).finish(),
+            Err(RingError::TooLarge)
+        );
     }
 
     #[test]

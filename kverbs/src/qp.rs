@@ -65,10 +65,10 @@ use hca_lowlevel::device::{
 };
 use hca_lowlevel::dma::DmaBuffer;
 use hca_lowlevel::doorbell::{DoorbellRegister, QpDoorbellRecord};
-use hca_lowlevel::ring::{RecvRing, SendRing};
+use hca_lowlevel::ring::{RecvRing, SendRing, SendWqeWriter, WqeHeader};
 use hca_lowlevel::wqe::{
     CtrlFlags, DataSegRepr, DatagramSegRepr, MAX_PAGE_SHIFT, MIN_PAGE_SHIFT, RegMrSegRepr,
-    SendOpcode, SendWqeBuilder,
+    SendOpcode,
 };
 
 use crate::cq::{Cq, CqItem};
@@ -1081,14 +1081,16 @@ impl<'q, P: Platform, C: Send + 'static> SendBatch<'q, P, C> {
         self.wqes == 0
     }
 
-    /// Builds one WQE and writes it at the producer counter.
+    /// Builds one WQE in place at the producer counter, inside the free
+    /// WQEBBs this batch owns (nothing is visible to the device before
+    /// `commit`, so a refused WQE leaves only free space behind).
     fn push(
         &mut self,
         opcode: SendOpcode,
         flags: SendFlags,
         imm: u32,
         signal: Signal<C>,
-        build: impl FnOnce(&mut SendWqeBuilder) -> Result<(), PostErrorKind>,
+        build: impl FnOnce(&mut SendWqeWriter<'_>) -> Result<(), PostErrorKind>,
     ) -> Result<(), PostError<C>> {
         // A drain marker carries no context but is always signalled.
         let signalled = self.marker || matches!(signal, Signal::Signalled(_));
@@ -1102,30 +1104,29 @@ impl<'q, P: Platform, C: Send + 'static> SendBatch<'q, P, C> {
         if flags.solicited {
             ctrl |= CtrlFlags::SOLICITED;
         }
-        let mut b = SendWqeBuilder::new(opcode, self.pi as u16, self.qp.qpn, ctrl, imm);
-        if let Err(kind) = build(&mut b) {
+        let header = WqeHeader {
+            opcode,
+            qpn: self.qp.qpn,
+            flags: ctrl,
+            imm,
+        };
+        let room = self.free_wqebbs();
+        let mut w = self.guard.ring.wqe_writer(self.pi, room, header);
+        if let Err(kind) = build(&mut w) {
             return Err(PostError::new(kind, signal.into_context()));
         }
-        let wqebbs = b.wqebbs();
-        // The accounting check comes before anything touches the ring.
-        if wqebbs > self.free_wqebbs() {
+        // The accounting check: a WQE that outgrew the free space was
+        // measured, not stored, and is refused whole.
+        if w.short_of_room() {
             return Err(PostError::new(
                 PostErrorKind::QueueFull,
                 signal.into_context(),
             ));
         }
-        let last_ctrl = b.ctrl();
-        let bytes = match b.finish() {
-            Ok(bytes) => bytes,
-            Err(_) => return Err(PostError::new(PostErrorKind::Format, signal.into_context())),
-        };
-        let last_ctrl = hca_lowlevel::wqe::CtrlSegRepr {
-            ds: (bytes.len() / 16) as u8,
-            ..last_ctrl
-        };
-        if self.guard.ring.write_wqe(self.pi, bytes).is_err() {
+        let wqebbs = w.wqebbs();
+        let Ok(last_ctrl) = w.finish() else {
             return Err(PostError::new(PostErrorKind::Format, signal.into_context()));
-        }
+        };
         let slot = SendSlot {
             context: signal.into_context(),
             wqebbs: wqebbs as u8,
@@ -1488,7 +1489,7 @@ impl<'q, P: Platform, C: Send + 'static> SendBatch<'q, P, C> {
 }
 
 fn emit_payload(
-    b: &mut SendWqeBuilder,
+    b: &mut SendWqeWriter<'_>,
     payload: &Payload<'_>,
     max_sge: usize,
     max_inline: usize,

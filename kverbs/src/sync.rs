@@ -73,11 +73,25 @@ impl<T, P: Platform> SpinLock<T, P> {
     ///
     /// <= `DISPATCH_LEVEL` (the token proves it); the guard runs at
     /// `DISPATCH_LEVEL` and restores the caller's level on drop.
+    ///
+    /// A caller whose token proves `DISPATCH_LEVEL` already runs at the
+    /// lock's level: the acquisition is then the `AtDpcLevel` one, which
+    /// neither raises nor lowers (on NT, `KeAcquireSpinLockAtDpcLevel`: no
+    /// IRQL write; on the host, the verifier checks the level instead of
+    /// recording a raise).
+    #[inline]
     pub fn lock<'a, I: LeDispatch>(&'a self, _irql: &'a I) -> SpinLockGuard<'a, T, P> {
-        let saved = self.raw.acquire();
+        let at_dpc = I::IRQL == Irql::DISPATCH;
+        let saved = if at_dpc {
+            self.raw.acquire_at_dpc_level();
+            Irql::DISPATCH
+        } else {
+            self.raw.acquire()
+        };
         SpinLockGuard {
             lock: self,
             saved,
+            at_dpc,
             token: Dispatch::from_held_lock(),
         }
     }
@@ -169,6 +183,9 @@ impl Dispatch<'_> {
 pub struct SpinLockGuard<'a, T, P: Platform> {
     lock: &'a SpinLock<T, P>,
     saved: Irql,
+    /// Taken with `acquire_at_dpc_level` (the caller was at
+    /// `DISPATCH_LEVEL`): released without lowering.
+    at_dpc: bool,
     token: Dispatch<'a>,
 }
 
@@ -208,9 +225,15 @@ impl<T, P: Platform> DerefMut for SpinLockGuard<'_, T, P> {
 }
 
 impl<T, P: Platform> Drop for SpinLockGuard<'_, T, P> {
+    #[inline]
     fn drop(&mut self) {
-        // SAFETY: this guard's acquisition returned `saved`.
-        unsafe { self.lock.raw.release(self.saved) };
+        if self.at_dpc {
+            // SAFETY: this guard's acquisition was `acquire_at_dpc_level`.
+            unsafe { self.lock.raw.release_from_dpc_level() };
+        } else {
+            // SAFETY: this guard's acquisition returned `saved`.
+            unsafe { self.lock.raw.release(self.saved) };
+        }
     }
 }
 

@@ -261,6 +261,36 @@ fn an_at_dpc_level_acquisition_at_passive_is_flagged() {
 }
 
 #[test]
+fn a_lock_taken_with_a_stale_dispatch_token_at_passive_is_flagged() {
+    // `SpinLock::lock` with a Dispatch token takes the AtDpcLevel path (no
+    // raise): the verifier checks the level the token claims.
+    let platform = support::threaded();
+    let lock = Lock::new(1u32);
+    platform.run_passive(|p| {
+        with_dispatch::<HostPlatform, _, _>(p, |d| {
+            // The misuse under test: the level drops under a live token.
+            // SAFETY: undoes `with_dispatch`'s raise (re-raised below);
+            // nothing here depends on the level.
+            unsafe { HostPlatform::lower_irql(Irql::PASSIVE) };
+            let guard = lock.lock(d);
+            assert_eq!(*guard, 1);
+            drop(guard);
+            // The AtDpcLevel release lowered nothing.
+            assert_eq!(HostPlatform::current_irql(), Irql::PASSIVE);
+            // SAFETY: restores the raise `with_dispatch` will undo.
+            let _ = unsafe { HostPlatform::raise_to_dispatch() };
+        });
+        let g = lock.lock(p);
+        assert_eq!(g.saved_irql(), Irql::PASSIVE);
+    });
+    assert_eq!(
+        kinds(&platform),
+        [ViolationKind::WrongIrqlForLock { at: Irql::PASSIVE }]
+    );
+    platform.finish();
+}
+
+#[test]
 #[should_panic(expected = "the host verifier recorded 1 violation")]
 fn finish_fails_the_test_on_a_violation() {
     let platform = support::threaded();

@@ -283,6 +283,14 @@ if name432 in instr:
         print(f"| {cost:,.1f} | `{fn[:150]}` |")
     print()
 
+# The hand-written analysis (what changed, what is still far from the
+# goals and why), kept beside this script so a re-run keeps it.
+NOTES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "notes.md")
+if os.path.exists(NOTES):
+    with open(NOTES) as f:
+        print(f.read().rstrip("\n"))
+    print()
+
 print("## Commands")
 print()
 print("```sh")

@@ -351,79 +351,96 @@ pub fn as_driver<R>(f: impl FnOnce() -> R) -> R {
 
 /// `KeRaiseIrql(DISPATCH_LEVEL)` on the thread model.
 fn raise_to_dispatch_raw() -> Irql {
-    with_thread(|t| {
-        let old = t.irql.get();
-        if old > Irql::DISPATCH.raw() {
-            record(ViolationKind::WrongIrqlForLock {
-                at: Irql::from_raw(old),
-            });
-        }
-        let depth = t.raise_depth.get();
-        if let Some(slot) = t.raises.get(depth) {
-            slot.set(old);
-        }
-        t.raise_depth.set(depth.saturating_add(1));
-        t.irql.set(old.max(Irql::DISPATCH.raw()));
-        Irql::from_raw(old)
-    })
-    .unwrap_or(Irql::PASSIVE)
+    with_thread(raise_on).unwrap_or(Irql::PASSIVE)
+}
+
+/// [`raise_to_dispatch_raw`] on an already-visited thread state (the spin
+/// locks raise and push the held lock in one visit).
+#[inline]
+fn raise_on(t: &ThreadState) -> Irql {
+    let old = t.irql.get();
+    if old > Irql::DISPATCH.raw() {
+        record(ViolationKind::WrongIrqlForLock {
+            at: Irql::from_raw(old),
+        });
+    }
+    let depth = t.raise_depth.get();
+    if let Some(slot) = t.raises.get(depth) {
+        slot.set(old);
+    }
+    t.raise_depth.set(depth.saturating_add(1));
+    t.irql.set(old.max(Irql::DISPATCH.raw()));
+    Irql::from_raw(old)
 }
 
 /// `KeLowerIrql(to)` on the thread model, checking it undoes the innermost
 /// raise.
 fn lower_irql_raw(to: Irql) {
-    let _ = with_thread(|t| {
-        let depth = t.raise_depth.get();
-        let current = t.irql.get();
-        if depth == 0 || to.raw() > current {
-            record(ViolationKind::IrqlLowerWithoutRaise { to });
-        } else {
-            let top = depth - 1;
-            let raised_from = t.raises.get(top).map_or(0, Cell::get);
-            if to.raw() < raised_from {
-                record(ViolationKind::IrqlLoweredBelowRaise {
-                    to,
-                    raised_from: Irql::from_raw(raised_from),
-                });
-            }
-            t.raise_depth.set(top);
-        }
-        t.irql.set(to.raw());
-    });
+    let _ = with_thread(|t| lower_on(t, to));
 }
 
-fn push_held(id: usize) {
-    let _ = with_thread(|t| {
-        let depth = t.held_depth.get();
-        if let Some(slot) = t.held.get(depth) {
-            slot.set(id);
+/// [`lower_irql_raw`] on an already-visited thread state.
+#[inline]
+fn lower_on(t: &ThreadState, to: Irql) {
+    let depth = t.raise_depth.get();
+    let current = t.irql.get();
+    if depth == 0 || to.raw() > current {
+        record(ViolationKind::IrqlLowerWithoutRaise { to });
+    } else {
+        let top = depth - 1;
+        let raised_from = t.raises.get(top).map_or(0, Cell::get);
+        if to.raw() < raised_from {
+            record(ViolationKind::IrqlLoweredBelowRaise {
+                to,
+                raised_from: Irql::from_raw(raised_from),
+            });
         }
-        t.held_depth.set(depth.saturating_add(1));
-    });
+        t.raise_depth.set(top);
+    }
+    t.irql.set(to.raw());
 }
 
-fn pop_held(id: usize) {
-    let _ = with_thread(|t| {
-        let depth = t.held_depth.get().min(STACK_DEPTH);
-        let position = (0..depth)
-            .rev()
-            .find(|&i| t.held.get(i).map(Cell::get) == Some(id));
-        match position {
-            Some(i) => {
-                if i + 1 != depth {
-                    record(ViolationKind::LockReleasedOutOfOrder);
+/// Pushes spin lock `id` on the thread's held-lock stack.
+#[inline]
+fn push_held_on(t: &ThreadState, id: usize) {
+    let depth = t.held_depth.get();
+    if let Some(slot) = t.held.get(depth) {
+        slot.set(id);
+    }
+    t.held_depth.set(depth.saturating_add(1));
+}
+
+/// Pops spin lock `id` off the thread's held-lock stack, recording a
+/// release that is not the innermost (or of a lock not held).
+#[inline]
+fn pop_held_on(t: &ThreadState, id: usize) {
+    let depth = t.held_depth.get().min(STACK_DEPTH);
+    // The common case: the innermost lock is released (LIFO).
+    if depth > 0 && t.held.get(depth - 1).map(Cell::get) == Some(id) {
+        t.held_depth.set(depth - 1);
+        return;
+    }
+    pop_held_out_of_order(t, id, depth);
+}
+
+#[cold]
+fn pop_held_out_of_order(t: &ThreadState, id: usize, depth: usize) {
+    let position = (0..depth)
+        .rev()
+        .find(|&i| t.held.get(i).map(Cell::get) == Some(id));
+    match position {
+        Some(i) => {
+            record(ViolationKind::LockReleasedOutOfOrder);
+            for j in i..depth.saturating_sub(1) {
+                let next = t.held.get(j + 1).map_or(0, Cell::get);
+                if let Some(slot) = t.held.get(j) {
+                    slot.set(next);
                 }
-                for j in i..depth.saturating_sub(1) {
-                    let next = t.held.get(j + 1).map_or(0, Cell::get);
-                    if let Some(slot) = t.held.get(j) {
-                        slot.set(next);
-                    }
-                }
-                t.held_depth.set(depth - 1);
             }
-            None => record(ViolationKind::LockReleasedOutOfOrder),
+            t.held_depth.set(depth - 1);
         }
-    });
+        None => record(ViolationKind::LockReleasedOutOfOrder),
+    }
 }
 
 /// A snapshot of the thread model, to check a routine left it as it found it.
@@ -555,7 +572,9 @@ impl HostSpinLock {
         core::ptr::from_ref(self).addr()
     }
 
-    fn spin_acquire(&self) {
+    /// Takes the lock word (test-and-test-and-set), no bookkeeping.
+    #[inline]
+    fn spin_acquire_word(&self) {
         loop {
             if self
                 .locked
@@ -570,11 +589,17 @@ impl HostSpinLock {
                 thread::yield_now();
             }
         }
-        push_held(self.id());
     }
 
+    /// Takes the lock and pushes it on the thread's held-lock stack.
+    fn spin_acquire(&self) {
+        self.spin_acquire_word();
+        let _ = with_thread(|t| push_held_on(t, self.id()));
+    }
+
+    /// Pops the lock off the thread's held-lock stack and releases it.
     fn spin_release(&self) {
-        pop_held(self.id());
+        let _ = with_thread(|t| pop_held_on(t, self.id()));
         self.locked.store(false, Ordering::Release);
     }
 }
@@ -600,22 +625,35 @@ unsafe impl RawSpinLock for HostSpinLock {
     }
 
     fn acquire(&self) -> Irql {
-        let old = raise_to_dispatch_raw();
-        self.spin_acquire();
-        old
+        // The raise and the held-lock push in one visit to the thread
+        // model (the raise is bookkeeping on the host: whether it is
+        // noted before or after the lock word is taken is invisible).
+        self.spin_acquire_word();
+        with_thread(|t| {
+            let old = raise_on(t);
+            push_held_on(t, self.id());
+            old
+        })
+        .unwrap_or(Irql::PASSIVE)
     }
 
     unsafe fn release(&self, old: Irql) {
-        self.spin_release();
-        lower_irql_raw(old);
+        let _ = with_thread(|t| {
+            pop_held_on(t, self.id());
+            lower_on(t, old);
+        });
+        self.locked.store(false, Ordering::Release);
     }
 
     fn acquire_at_dpc_level(&self) {
-        let at = current_irql_raw();
-        if at != Irql::DISPATCH {
-            record(ViolationKind::WrongIrqlForLock { at });
-        }
-        self.spin_acquire();
+        self.spin_acquire_word();
+        let _ = with_thread(|t| {
+            let at = Irql::from_raw(t.irql.get());
+            if at != Irql::DISPATCH {
+                record(ViolationKind::WrongIrqlForLock { at });
+            }
+            push_held_on(t, self.id());
+        });
     }
 
     unsafe fn release_from_dpc_level(&self) {
