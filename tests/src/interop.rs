@@ -20,7 +20,6 @@
 //! it on failure and deletes it on success ([`PcapGuard`]).
 
 use std::collections::{BTreeMap, HashMap};
-use std::io::Write as _;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -34,7 +33,7 @@ use kverbs::device::{Device, DeviceConfig};
 use kverbs::hostdev::VerifiedHca;
 use kverbs::irql::Passive;
 use kverbs::platform::host::{HostConfig, HostMode, HostPlatform};
-use kverbs_tools::vm::{PrepareOptions, Prepared, TargetInfo, Vm, VmError, WorkDir, prepare};
+use kverbs_tools::vm::{TargetInfo, Vm};
 use storport_srp::iscsi::description::TargetDescription;
 use storport_srp::iser::{IserConfig, IserStats, IserTransport};
 use storport_srp::miniport::transport::{TargetState, Transport};
@@ -53,6 +52,7 @@ use storport_srp::scsi::sense::{AdditionalSense, SenseKey, SenseRepr};
 /// The host end of the VM's Ethernet link (now in `kverbs_tools`, which
 /// kvbench's `linux-vm` transports share).
 pub use kverbs_tools::vm::link::LinkWire;
+pub use kverbs_tools::vm::prepared_or_skip;
 
 /// Deletes the link's pcap when dropped after [`PcapGuard::passed`]; keeps
 /// it (and prints where) otherwise, for whoever debugs the failure, and
@@ -987,35 +987,6 @@ pub fn workload(
 // the class driver's unit-attention retry, the record of what each phase
 // did, and the submit/settle helpers of the task-management and recovery
 // phases.
-
-/// Prepares the VM's packages, kernel and initramfs. `None` (after a loud
-/// message) when the packages are missing on this machine and `CI` is not
-/// set: a developer without them skips, CI never does.
-///
-/// # Panics
-/// When preparing fails any other way, or under CI.
-#[must_use]
-pub fn prepared_or_skip(test: &str) -> Option<Prepared> {
-    let options = PrepareOptions {
-        verbose: true,
-        ..PrepareOptions::default()
-    };
-    match prepare(&WorkDir::default(), &options) {
-        Ok(prepared) => Some(prepared),
-        Err(e @ VmError::PackagesMissing { .. }) if std::env::var_os("CI").is_none() => {
-            let _ = writeln!(
-                std::io::stderr(),
-                "\n################################################################\n\
-                 ## SKIPPING {test}: the Linux target VM cannot be prepared here.\n\
-                 ## {e}\n\
-                 ## (Under CI this is a failure, not a skip.)\n\
-                 ################################################################\n"
-            );
-            None
-        }
-        Err(e) => panic!("preparing the VM failed: {e}"),
-    }
-}
 
 /// Runs a shell command in the guest; its output.
 ///

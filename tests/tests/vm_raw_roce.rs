@@ -51,7 +51,7 @@ use kverbs::wire::{
     CmaAddresses, CmaHeader, CmaHeaderRepr, IbTimeout, PathMtu, PortSpace, RejectReason, ServiceId,
     TransportServiceType,
 };
-use kverbs_tools::vm::{PrepareOptions, Prepared, Vm, VmConfig, VmError, WorkDir, prepare};
+use kverbs_tools::vm::{Vm, VmConfig, prepared_or_skip};
 use storport_srp::wire::Lun;
 use storport_srp::wire::srp::{
     BufFormats, Cmd, CmdRepr, DataIn, DataOut, DirectDesc, LoginReqRdma, LoginReqRepr, LoginRsp,
@@ -67,28 +67,6 @@ const REQ_IT_IU_LEN: u32 = 4096;
 /// The PSN our receive queue starts at (REQ Starting PSN, Linux rule).
 const OUR_RQ_PSN: u32 = 0x00a1_b2c3;
 const BLOCK: usize = 512;
-
-fn prepared_or_skip(test: &str) -> Option<Prepared> {
-    let options = PrepareOptions {
-        verbose: true,
-        ..PrepareOptions::default()
-    };
-    match prepare(&WorkDir::default(), &options) {
-        Ok(prepared) => Some(prepared),
-        Err(e @ VmError::PackagesMissing { .. }) if std::env::var_os("CI").is_none() => {
-            let _ = writeln!(
-                std::io::stderr(),
-                "\n################################################################\n\
-                 ## SKIPPING {test}: the Linux target VM cannot be prepared here.\n\
-                 ## {e}\n\
-                 ## (Under CI this is a failure, not a skip.)\n\
-                 ################################################################\n"
-            );
-            None
-        }
-        Err(e) => panic!("preparing the VM failed: {e}"),
-    }
-}
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 enum Dir {

@@ -10,34 +10,11 @@
 //! Behind the `vm-tests` feature (CI step 64). It skips (loudly) only when
 //! the VM cannot be prepared here, and never under CI.
 
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
-use kverbs_tools::vm::{PrepareOptions, VmError, WorkDir, prepare};
-
-fn can_prepare(test: &str) -> bool {
-    let options = PrepareOptions {
-        verbose: true,
-        ..PrepareOptions::default()
-    };
-    match prepare(&WorkDir::default(), &options) {
-        Ok(_) => true,
-        Err(e @ VmError::PackagesMissing { .. }) if std::env::var_os("CI").is_none() => {
-            let _ = writeln!(
-                std::io::stderr(),
-                "\n################################################################\n\
-                 ## SKIPPING {test}: the Linux target VM cannot be prepared here.\n\
-                 ## {e}\n\
-                 ## (Under CI this is a failure, not a skip.)\n\
-                 ################################################################\n"
-            );
-            false
-        }
-        Err(e) => panic!("preparing the VM failed: {e}"),
-    }
-}
+use kverbs_tools::vm::WorkDir;
 
 fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("kvbench-vm-{}-{name}", std::process::id()));
@@ -137,7 +114,9 @@ fn qemu_is_gone(instance: &str) {
 
 #[test]
 fn kvbench_runs_verified_against_linux_srpt_and_lio_iser() {
-    if !can_prepare("kvbench_runs_verified_against_linux_srpt_and_lio_iser") {
+    if kverbs_tools::vm::prepared_or_skip("kvbench_runs_verified_against_linux_srpt_and_lio_iser")
+        .is_none()
+    {
         return;
     }
     let srp = run_against_the_vm("linux-vm-srp", "kvbench-srp", "ib_srpt");

@@ -6,7 +6,6 @@
 //! Skips only when the host packages cannot be installed (not root, no apt),
 //! with a loud message, and never under CI (`CI` set), where it must run.
 
-use std::io::Write as _;
 use std::net::Ipv4Addr;
 use std::path::Path;
 use std::sync::Mutex;
@@ -14,36 +13,12 @@ use std::time::{Duration, Instant};
 
 use kverbs_tools::vm::ethernet::ArpPacket;
 use kverbs_tools::vm::{
-    Backstore, LunConfig, PrepareOptions, Prepared, Vm, VmConfig, VmError, WorkDir, prepare,
+    Backstore, LunConfig, PrepareOptions, Vm, VmConfig, VmError, prepare, prepared_or_skip,
 };
 
 /// The VMs of this file boot one after another: two TCG guests at once on a
 /// two-core machine only make both slow.
 static ONE_VM_AT_A_TIME: Mutex<()> = Mutex::new(());
-
-fn prepared_or_skip(test: &str) -> Option<Prepared> {
-    let options = PrepareOptions {
-        verbose: true,
-        ..PrepareOptions::default()
-    };
-    match prepare(&WorkDir::default(), &options) {
-        Ok(prepared) => Some(prepared),
-        Err(e @ VmError::PackagesMissing { .. }) if std::env::var_os("CI").is_none() => {
-            // Straight to fd 2: the test harness would swallow eprintln! of a
-            // passing test, and this skip must not be silent.
-            let _ = writeln!(
-                std::io::stderr(),
-                "\n################################################################\n\
-                 ## SKIPPING {test}: the Linux target VM cannot be prepared here.\n\
-                 ## {e}\n\
-                 ## (Under CI this is a failure, not a skip.)\n\
-                 ################################################################\n"
-            );
-            None
-        }
-        Err(e) => panic!("preparing the VM failed: {e}"),
-    }
-}
 
 /// Pids of live processes whose command line mentions `run_dir` (our qemu).
 fn qemu_processes_for(run_dir: &Path) -> Vec<u32> {

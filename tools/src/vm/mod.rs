@@ -42,7 +42,7 @@ pub use config::{
 };
 pub use control::ExecOutput;
 pub use instance::{DEFAULT_EXEC_TIMEOUT, Instance, IserInfo, LunInfo, SrptInfo, TargetInfo, Vm};
-pub use prepare::{HOST_PACKAGES, PrepareOptions, Prepared, prepare};
+pub use prepare::{HOST_PACKAGES, PrepareOptions, Prepared, prepare, prepared_or_skip};
 
 /// Everything that can go wrong, each with what the user needs to act on it.
 #[derive(Debug, thiserror::Error)]

@@ -748,6 +748,38 @@ fn copy_file(from: &Path, to: &Path) -> Result<(), VmError> {
         .map_err(|e| VmError::io(format!("copying {} to {}", from.display(), to.display()), e))
 }
 
+/// [`prepare`] for a test: `None`, after a loud message on stderr, when
+/// the host packages are missing and `CI` is not set (a developer without
+/// them skips; CI never does).
+///
+/// # Panics
+/// When preparing fails any other way, or under CI.
+#[must_use]
+pub fn prepared_or_skip(test: &str) -> Option<Prepared> {
+    use std::io::Write as _;
+    let options = PrepareOptions {
+        verbose: true,
+        ..PrepareOptions::default()
+    };
+    match prepare(&WorkDir::default(), &options) {
+        Ok(prepared) => Some(prepared),
+        Err(e @ VmError::PackagesMissing { .. }) if std::env::var_os("CI").is_none() => {
+            // Straight to fd 2: the test harness would swallow eprintln! of
+            // a passing test, and this skip must not be silent.
+            let _ = writeln!(
+                std::io::stderr(),
+                "\n################################################################\n\
+                 ## SKIPPING {test}: the Linux target VM cannot be prepared here.\n\
+                 ## {e}\n\
+                 ## (Under CI this is a failure, not a skip.)\n\
+                 ################################################################\n"
+            );
+            None
+        }
+        Err(e) => panic!("preparing the VM failed: {e}"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
