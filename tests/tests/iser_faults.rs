@@ -15,6 +15,7 @@ use std::time::Duration;
 use hca_lowlevel::sim::FaultConfig;
 use kverbs::platform::host::VerifierAllocator;
 use kverbs_tests::driver::{light_loss, retry_failed, rough_link, truthful, with_fault};
+use kverbs_tests::interop::wait_until;
 use kverbs_tests::iser::{IserSetup, IserStack, IserStackConfig};
 use kverbs_tests::{Io, IoDone, Workload, env_count};
 use kverbs_tools::iser_target::IserMisbehaviour;
@@ -183,19 +184,31 @@ fn qp_error_mid_io_fails_outstanding_for_retry_and_reinstates() {
         let qpn = s.transport().qpn(0, p).expect("a live QP");
         let mut w = Workload::new(5);
         let ios = mappable(w.ios(400, 0, 0, 512, 32768, 4096, 65536, 0.5));
-        let (fabric, initiator) = (&s.fabric, &s.initiator);
+        let (fabric, initiator, target) = (&s.fabric, &s.initiator, s.target(0));
+        // The error lands once the target has taken 64 commands of this
+        // run: a fixed delay sometimes hit before the first was posted
+        // (nothing outstanding, nothing fenced, the test then failed).
+        let start = target.counters().scsi_commands;
         let done = with_fault(
             s,
             &ios,
             32,
-            Duration::from_millis(30),
+            Duration::ZERO,
             move || {
+                let under_way = wait_until(Duration::from_secs(30), || {
+                    target.counters().scsi_commands >= start + 64
+                });
+                assert!(under_way, "the run never got going");
                 fabric.force_qp_error(initiator, qpn);
             },
             p,
         );
         let failed = truthful(&done, &[SrbStatus::BUS_RESET]);
-        assert!(failed > 0, "the error hit outstanding I/O");
+        assert!(
+            failed > 0,
+            "the error hit outstanding I/O: {:?}",
+            s.stats(0, p)
+        );
         assert!(s.wait_state(0, TargetState::Live, Duration::from_secs(20)));
         let st = s.stats(0, p);
         assert!(
