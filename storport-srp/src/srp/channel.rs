@@ -88,6 +88,10 @@ use crate::wire::srp::{
 /// Longest IU from the target the engine parses (an `SRP_RSP` with 252
 /// bytes of sense is 292; nothing SRP defines needs more).
 const RX_PARSE_MAX: usize = 1024;
+/// Receives up to this long (an `SRP_RSP` without sense or response data
+/// is 36 bytes) are parsed from a buffer this small: less stack to clear
+/// per response.
+const RX_PARSE_SMALL: usize = 64;
 /// Target requests whose answer may wait for a response IU.
 const OWED: usize = 16;
 /// Bytes copied per step when filling immediate data (only when the
@@ -309,9 +313,11 @@ impl<P: Platform> CmdSlot<P> {
         self.plan.runs
     }
 
-    /// Drops the MRs back into their pool.
+    /// Drops the MRs back into their pool. Only the plan's first
+    /// `runs` entries ever hold one (`setup_slot` takes one per run after
+    /// setting the plan; the plan is reset only after this).
     fn drop_mrs(&mut self) {
-        for mr in self.mrs.iter_mut() {
+        for mr in self.mrs.iter_mut().take(self.plan.runs) {
             *mr = None;
         }
     }
@@ -1273,10 +1279,31 @@ impl<P: Platform> Engine<P> {
         len: u32,
         irql: &Dispatch<'_>,
     ) {
-        let mut buf = [0u8; RX_PARSE_MAX];
+        if len as usize <= RX_PARSE_SMALL {
+            let mut buf = [0u8; RX_PARSE_SMALL];
+            self.on_recv_into(t, ch, conn, index, len, &mut buf, irql);
+        } else {
+            let mut buf = [0u8; RX_PARSE_MAX];
+            self.on_recv_into(t, ch, conn, index, len, &mut buf, irql);
+        }
+    }
+
+    /// [`Self::on_recv`] with `buf` to copy the IU into (too short: the IU
+    /// is not parsed, and the connection ends as for a malformed one).
+    #[expect(clippy::too_many_arguments, reason = "the parts of a receive")]
+    fn on_recv_into(
+        &self,
+        t: &Target<P>,
+        ch: &Channel<P>,
+        conn: &Arc<Conn<P>>,
+        index: u16,
+        len: u32,
+        buf: &mut [u8],
+        irql: &Dispatch<'_>,
+    ) {
         let n = len as usize;
         let at = u64::from(conn.layout.rx_stride) * u64::from(index);
-        let copied = n <= RX_PARSE_MAX
+        let copied = n <= buf.len()
             && buf.get_mut(..n).is_some_and(|b| {
                 conn.rx
                     .mem()
