@@ -57,12 +57,13 @@ use core::sync::atomic::{AtomicU64, Ordering};
 
 use hca_lowlevel::device::AccessFlags;
 use hca_lowlevel::dma::PhysAddr;
+use hca_lowlevel::wqe::{CtrlSegRepr, DataSegRepr, WQEBB_SIZE};
 use kverbs::cm::CmEvent;
 use kverbs::irql::{Dispatch, LeDispatch};
 use kverbs::mr::FrMr;
 use kverbs::platform::Platform;
 use kverbs::sync::{SpinLock, with_dispatch};
-use kverbs::wr::{Completion, FastReg, Payload, SendWr, Signal, WcStatus};
+use kverbs::wr::{Completion, FastReg, Payload, SendWr, Sge, Signal, WcStatus};
 
 use super::conn::{Conn, Phase, WrCtx};
 use super::credits::Credits;
@@ -77,7 +78,7 @@ use crate::miniport::transport::{
     CommandOutcome, CommandResult, FailureKind, PostFailed, PrepareError, Residual, ScsiCommand,
     Tag, TargetState, TmfRefused, TmfResponse,
 };
-use crate::storport::{DataDirection, QueueAction};
+use crate::storport::{DataDirection, QueueAction, SgElement};
 use crate::wire::Lun;
 use crate::wire::srp::{
     AerRsp, AerRspRepr, BufFormats, CredRsp, CredRspRepr, DirectDesc, Opcode, RspRepr, SolNot,
@@ -87,10 +88,18 @@ use crate::wire::srp::{
 /// Longest IU from the target the engine parses (an `SRP_RSP` with 252
 /// bytes of sense is 292; nothing SRP defines needs more).
 const RX_PARSE_MAX: usize = 1024;
+/// Receives up to this long (an `SRP_RSP` without sense or response data
+/// is 36 bytes) are parsed from a buffer this small: less stack to clear
+/// per response.
+const RX_PARSE_SMALL: usize = 64;
 /// Target requests whose answer may wait for a response IU.
 const OWED: usize = 16;
-/// Bytes copied per step when filling immediate data.
+/// Bytes copied per step when filling immediate data (only when the
+/// data's scatter/gather list does not fit the SEND's gather entries).
 const COPY_CHUNK: usize = 256;
+/// Most gather entries immediate data takes besides the IU header's: with
+/// the header's, seven data segments, a SEND of two WQEBBs.
+const IMM_DATA_SGES: usize = 6;
 /// Base of the I/O virtual addresses the engine registers buffers at.
 const IOVA_BASE: u64 = 0x0200_0000_0000_0000;
 
@@ -208,6 +217,12 @@ pub(crate) struct CmdSlot<P: Platform> {
     direction: DataDirection,
     access: AccessFlags,
     immediate: bool,
+    /// Immediate data sent from the request's own buffer: the SEND's
+    /// gather entries after the IU header's (reserved lkey, physical
+    /// addresses); `imm_sge_count == 0` when the data was copied into the
+    /// IU instead.
+    imm_sges: [Sge; IMM_DATA_SGES],
+    imm_sge_count: usize,
     iu_len: u32,
     mrs: Box<[Option<FrMr<P>>]>,
     runs: Box<[Run]>,
@@ -259,6 +274,8 @@ impl<P: Platform> CmdSlot<P> {
             direction: DataDirection::None,
             access: AccessFlags::empty(),
             immediate: false,
+            imm_sges: [Sge::default(); IMM_DATA_SGES],
+            imm_sge_count: 0,
             iu_len: 0,
             mrs: (0..runs).map(|_| None).collect(),
             runs: vec![Run::default(); runs].into_boxed_slice(),
@@ -296,9 +313,11 @@ impl<P: Platform> CmdSlot<P> {
         self.plan.runs
     }
 
-    /// Drops the MRs back into their pool.
+    /// Drops the MRs back into their pool. Only the plan's first
+    /// `runs` entries ever hold one (`setup_slot` takes one per run after
+    /// setting the plan; the plan is reset only after this).
     fn drop_mrs(&mut self) {
-        for mr in self.mrs.iter_mut() {
+        for mr in self.mrs.iter_mut().take(self.plan.runs) {
             *mr = None;
         }
     }
@@ -318,6 +337,7 @@ impl<P: Platform> CmdSlot<P> {
         self.invalidating = false;
         self.inv_done = false;
         self.immediate = false;
+        self.imm_sge_count = 0;
         self.sense_len = 0;
     }
 
@@ -732,6 +752,25 @@ impl<P: Platform> Engine<P> {
                 .mem()
                 .write(usize::try_from(offset).unwrap_or(usize::MAX), head)
                 .map_err(|_| Refusal::Failed(FailureKind::Unsupported))?;
+            s.iu_len = u32::from(imm) + len;
+            // The data goes from the request's buffer itself when its
+            // segments fit the SEND: the HCA gathers it (the buffer stays
+            // the request's until the SEND completes, which completion
+            // waits for), the CPU copies nothing.
+            let room = (conn.qp.caps().max_send_sge as usize)
+                .saturating_sub(1)
+                .min(IMM_DATA_SGES);
+            let gathered = s
+                .imm_sges
+                .get_mut(..room)
+                .and_then(|out| gather_immediate(command.sg_list, len, conn.reserved_lkey, out));
+            if let Some(n) = gathered {
+                s.imm_sge_count = n;
+                s.budget = send_wqebbs(1 + n);
+                bump(&t.counters.immediate_writes);
+                return Ok(());
+            }
+            s.imm_sge_count = 0;
             let mut chunk = [0u8; COPY_CHUNK];
             let mut done = 0u32;
             while done < len {
@@ -748,7 +787,6 @@ impl<P: Platform> Engine<P> {
                     .map_err(|_| Refusal::Failed(FailureKind::Unsupported))?;
                 done += n;
             }
-            s.iu_len = u32::from(imm) + len;
             s.budget = 1;
             bump(&t.counters.immediate_writes);
             return Ok(());
@@ -887,12 +925,12 @@ impl<P: Platform> Engine<P> {
             return Err((t.failure_kind(), false));
         };
         let n = s.mr_count();
-        let need: u32 = 1 + s
-            .runs
-            .iter()
-            .take(n)
-            .map(|r| 1 + mapping::reg_mr_wqebbs(r.pages))
-            .sum::<u32>();
+        let need: u32 = send_wqebbs(1 + s.imm_sge_count)
+            + s.runs
+                .iter()
+                .take(n)
+                .map(|r| 1 + mapping::reg_mr_wqebbs(r.pages))
+                .sum::<u32>();
         if batch.free_wqebbs() < need {
             return Err((FailureKind::ConnectionReset, true));
         }
@@ -968,11 +1006,28 @@ impl<P: Platform> Engine<P> {
                 bump(&t.counters.indirect_commands);
             }
         }
-        let Some(sge) = conn.tx_sge(offset, s.iu_len) else {
+        let data = s.imm_sges.get(..s.imm_sge_count).unwrap_or(&[]);
+        // With gathered immediate data the IU in `tx` is the header alone.
+        let in_tx = s
+            .iu_len
+            .saturating_sub(data.iter().map(|d| d.len).sum::<u32>());
+        let Some(sge) = conn.tx_sge(offset, in_tx) else {
             return Err((FailureKind::ConnectionReset, true));
         };
+        let sges: [Sge; 1 + IMM_DATA_SGES];
+        let gather = if data.is_empty() {
+            core::slice::from_ref(&sge)
+        } else {
+            let mut all = [sge; 1 + IMM_DATA_SGES];
+            let Some(tail) = all.get_mut(1..1 + data.len()) else {
+                return Err((FailureKind::ConnectionReset, true));
+            };
+            tail.copy_from_slice(data);
+            sges = all;
+            sges.get(..1 + data.len()).unwrap_or(&[])
+        };
         let send = batch.send(
-            &SendWr::new(Payload::Sges(&[sge])),
+            &SendWr::new(Payload::Sges(gather)),
             Signal::Signalled(WrCtx::Send {
                 slot: index,
                 generation,
@@ -1224,10 +1279,31 @@ impl<P: Platform> Engine<P> {
         len: u32,
         irql: &Dispatch<'_>,
     ) {
-        let mut buf = [0u8; RX_PARSE_MAX];
+        if len as usize <= RX_PARSE_SMALL {
+            let mut buf = [0u8; RX_PARSE_SMALL];
+            self.on_recv_into(t, ch, conn, index, len, &mut buf, irql);
+        } else {
+            let mut buf = [0u8; RX_PARSE_MAX];
+            self.on_recv_into(t, ch, conn, index, len, &mut buf, irql);
+        }
+    }
+
+    /// [`Self::on_recv`] with `buf` to copy the IU into (too short: the IU
+    /// is not parsed, and the connection ends as for a malformed one).
+    #[expect(clippy::too_many_arguments, reason = "the parts of a receive")]
+    fn on_recv_into(
+        &self,
+        t: &Target<P>,
+        ch: &Channel<P>,
+        conn: &Arc<Conn<P>>,
+        index: u16,
+        len: u32,
+        buf: &mut [u8],
+        irql: &Dispatch<'_>,
+    ) {
         let n = len as usize;
         let at = u64::from(conn.layout.rx_stride) * u64::from(index);
-        let copied = n <= RX_PARSE_MAX
+        let copied = n <= buf.len()
             && buf.get_mut(..n).is_some_and(|b| {
                 conn.rx
                     .mem()
@@ -2156,5 +2232,108 @@ impl<P: Platform> Engine<P> {
         conn.life.lock(irql).cm_terminal = true;
         self.retire_conn(t, ch, conn, Cause::Transport, irql);
         conn.cm_ended(irql);
+    }
+}
+
+/// WQEBBs of a SEND with `sges` gather entries (its control segment and
+/// one data segment each).
+fn send_wqebbs(sges: usize) -> u32 {
+    u32::try_from((CtrlSegRepr::LEN + sges * DataSegRepr::LEN).div_ceil(WQEBB_SIZE))
+        .unwrap_or(u32::MAX)
+}
+
+/// The first `len` bytes of `sg_list` as gather entries under `lkey` (the
+/// device's reserved lkey: the addresses are bus addresses) in `out`; how
+/// many, or `None` when the list is shorter than `len` or needs more
+/// entries than `out` holds.
+fn gather_immediate(sg_list: &[SgElement], len: u32, lkey: u32, out: &mut [Sge]) -> Option<usize> {
+    let mut left = len;
+    let mut n = 0;
+    for element in sg_list {
+        if left == 0 {
+            break;
+        }
+        let take = element.len.min(left);
+        if take == 0 {
+            continue;
+        }
+        *out.get_mut(n)? = Sge {
+            addr: element.phys.get(),
+            len: take,
+            lkey,
+        };
+        n += 1;
+        left -= take;
+    }
+    (left == 0).then_some(n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sg(phys: u64, len: u32) -> SgElement {
+        SgElement {
+            phys: PhysAddr(phys),
+            len,
+        }
+    }
+
+    #[test]
+    fn immediate_data_gathers_exactly_the_transfer_length() {
+        let list = [
+            sg(0x1_0f00, 0x100),
+            sg(0x2_0000, 0x1000),
+            sg(0x3_0000, 0x800),
+        ];
+        let mut out = [Sge::default(); IMM_DATA_SGES];
+        // Trimmed to the transfer length inside the second element.
+        assert_eq!(gather_immediate(&list, 0x180, 7, &mut out), Some(2));
+        assert_eq!(
+            out[0],
+            Sge {
+                addr: 0x1_0f00,
+                len: 0x100,
+                lkey: 7
+            }
+        );
+        assert_eq!(
+            out[1],
+            Sge {
+                addr: 0x2_0000,
+                len: 0x80,
+                lkey: 7
+            }
+        );
+        // The whole list; empty elements take no entry.
+        let holes = [sg(0x1_0000, 0), sg(0x2_0000, 0x1000), sg(0x9_0000, 0)];
+        assert_eq!(gather_immediate(&holes, 0x1000, 1, &mut out), Some(1));
+        assert_eq!(
+            out[0],
+            Sge {
+                addr: 0x2_0000,
+                len: 0x1000,
+                lkey: 1
+            }
+        );
+        // A list shorter than the transfer, or one needing more entries
+        // than there is room for: not gathered (the caller copies).
+        assert_eq!(gather_immediate(&list, 0x1901, 7, &mut out), None);
+        assert_eq!(gather_immediate(&[], 1, 7, &mut out), None);
+        assert_eq!(gather_immediate(&list, 0x1101, 7, &mut out[..2]), None);
+        assert_eq!(gather_immediate(&list, 0x1100, 7, &mut out[..2]), Some(2));
+    }
+
+    #[test]
+    fn send_wqebbs_counts_control_and_data_segments() {
+        // 16-byte control segment, 16 bytes per gather entry, 64-byte WQEBBs.
+        assert_eq!(send_wqebbs(1), 1);
+        assert_eq!(send_wqebbs(3), 1);
+        assert_eq!(send_wqebbs(4), 2);
+        assert_eq!(send_wqebbs(1 + IMM_DATA_SGES), 2);
+        assert!(
+            send_wqebbs(1 + IMM_DATA_SGES) <= 1 + 4,
+            "fits a command's sizing share"
+        );
     }
 }

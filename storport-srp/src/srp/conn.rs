@@ -194,6 +194,10 @@ pub(crate) struct Conn<P: Platform> {
     pub tx: Mr<P>,
     pub rx: Mr<P>,
     pub pool: FrPool<P>,
+    /// The device's reserved lkey (local access by physical address): the
+    /// gather entries of immediate data point at the request's own
+    /// buffer with it, so the data is never copied into `tx`.
+    pub reserved_lkey: u32,
     pub life: SpinLock<Life, P>,
     pub handler: Arc<ConnHandler<P>>,
 }
@@ -354,6 +358,7 @@ impl<P: Platform> Conn<P> {
             tx,
             rx,
             pool,
+            reserved_lkey: device.attr().reserved_lkey,
             life: SpinLock::new(Life {
                 phase: Phase::Connecting,
                 cm_id: None,
