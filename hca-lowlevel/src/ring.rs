@@ -357,6 +357,21 @@ impl<M: SharedWords> CqRing<M> {
         barrier::to_device();
     }
 
+    /// Whether the CQE at consumer counter `counter` belongs to software (the
+    /// owner-bit parity and opcode check of [`CqRing::poll`], without
+    /// reading the contents): one load, for an "is anything there" test
+    /// before a poller takes its locks.
+    ///
+    /// # IRQL
+    /// Any (never blocks).
+    #[inline]
+    pub fn is_ready(&self, counter: u32) -> bool {
+        let base = (counter & (self.entries - 1)) as usize * (CQE_SIZE / 8);
+        self.mem.words().get(base + OWNER_WORD).is_some_and(|w| {
+            owned_by_software(w.load(Ordering::Relaxed).to_ne_bytes()[7], counter, self.entries)
+        })
+    }
+
     /// Returns the CQE at consumer counter `counter` if it belongs to software
     /// (owner-bit parity and opcode), reading its contents only after the
     /// ownership check and [`barrier::from_device`].
