@@ -368,7 +368,11 @@ impl<M: SharedWords> CqRing<M> {
     pub fn is_ready(&self, counter: u32) -> bool {
         let base = (counter & (self.entries - 1)) as usize * (CQE_SIZE / 8);
         self.mem.words().get(base + OWNER_WORD).is_some_and(|w| {
-            owned_by_software(w.load(Ordering::Relaxed).to_ne_bytes()[7], counter, self.entries)
+            owned_by_software(
+                w.load(Ordering::Relaxed).to_ne_bytes()[7],
+                counter,
+                self.entries,
+            )
         })
     }
 
