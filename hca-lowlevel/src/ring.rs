@@ -26,9 +26,8 @@ use crate::sync::atomic::AtomicU64;
 use crate::sync::atomic::Ordering;
 use crate::view::FormatError;
 use crate::wqe::{
-    CtrlFlags, CtrlSeg, CtrlSegRepr, DS_SIZE, DataSeg, DataSegRepr, DatagramSeg, DatagramSegRepr,
-    INLINE_SEG_FLAG, MAX_DS, MAX_SEND_WQE_BYTES, RaddrSeg, RaddrSegRepr, RegMrSeg, RegMrSegRepr,
-    SendOpcode, WQEBB_SIZE, inline_seg_len,
+    CtrlFlags, CtrlSeg, CtrlSegRepr, DS_SIZE, DataSegRepr, DatagramSegRepr, MAX_DS,
+    MAX_SEND_WQE_BYTES, RegMrSegRepr, SegmentEncoder, SegmentSink, SendOpcode, WQEBB_SIZE,
 };
 
 /// Why a ring operation failed.
@@ -358,6 +357,25 @@ impl<M: SharedWords> CqRing<M> {
         barrier::to_device();
     }
 
+    /// Whether the CQE at consumer counter `counter` belongs to software (the
+    /// owner-bit parity and opcode check of [`CqRing::poll`], without
+    /// reading the contents): one load, for an "is anything there" test
+    /// before a poller takes its locks.
+    ///
+    /// # IRQL
+    /// Any (never blocks).
+    #[inline]
+    pub fn is_ready(&self, counter: u32) -> bool {
+        let base = (counter & (self.entries - 1)) as usize * (CQE_SIZE / 8);
+        self.mem.words().get(base + OWNER_WORD).is_some_and(|w| {
+            owned_by_software(
+                w.load(Ordering::Relaxed).to_ne_bytes()[7],
+                counter,
+                self.entries,
+            )
+        })
+    }
+
     /// Returns the CQE at consumer counter `counter` if it belongs to software
     /// (owner-bit parity and opcode), reading its contents only after the
     /// ownership check and [`barrier::from_device`].
@@ -433,10 +451,10 @@ pub struct WqeHeader {
 }
 
 /// A send WQE being written in place in a [`SendRing`] (see
-/// [`SendRing::wqe_writer`]): the segments of
-/// [`crate::wqe::SendWqeBuilder`], byte for byte the same WQE, but each
-/// segment is encoded in a small stack buffer and stored straight into the
-/// ring's words — no zeroed maximum-size staging WQE, no second copy.
+/// [`SendRing::wqe_writer`]): the same segment encoder as
+/// [`crate::wqe::SendWqeBuilder`] (so byte for byte the same WQE), but each
+/// segment goes from its small stack buffer straight into the ring's words
+/// — no zeroed maximum-size staging WQE, no second copy.
 #[derive(Debug)]
 pub struct SendWqeWriter<'r> {
     words: &'r [AtomicU64],
@@ -453,11 +471,12 @@ pub struct SendWqeWriter<'r> {
     fault: bool,
 }
 
-impl SendWqeWriter<'_> {
+impl SegmentSink for SendWqeWriter<'_> {
     /// Claims `n` more bytes; the offset they start at. Past the room the
     /// WQE is still measured (so a caller learns the same format errors as
     /// from the staging builder) but nothing more is stored, and
     /// [`SendWqeWriter::finish`] refuses it.
+    #[inline]
     fn reserve(&mut self, n: usize) -> Result<usize, FormatError> {
         let start = self.len;
         let end = start.checked_add(n).ok_or(FormatError::WqeTooLarge)?;
@@ -471,6 +490,19 @@ impl SendWqeWriter<'_> {
         Ok(start)
     }
 
+    /// Stores `bytes` (a multiple of 8 long) at byte `at` of the WQE, one
+    /// 64-bit store per word.
+    #[inline]
+    fn put(&mut self, at: usize, bytes: &[u8]) {
+        for (i, chunk) in bytes.chunks_exact(8).enumerate() {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(chunk);
+            self.put_word(at + i * 8, u64::from_ne_bytes(w));
+        }
+    }
+}
+
+impl SendWqeWriter<'_> {
     /// Stores one word at byte `at` of the WQE (wrapping to slot 0), if it
     /// lies inside the room.
     #[inline]
@@ -486,15 +518,6 @@ impl SendWqeWriter<'_> {
         }
     }
 
-    /// Stores `bytes` (a multiple of 8 long) at byte `at` of the WQE.
-    fn put(&mut self, at: usize, bytes: &[u8]) {
-        for (i, chunk) in bytes.chunks_exact(8).enumerate() {
-            let mut w = [0u8; 8];
-            w.copy_from_slice(chunk);
-            self.put_word(at + i * 8, u64::from_ne_bytes(w));
-        }
-    }
-
     fn put_ctrl(&mut self, at: usize) {
         let mut seg = [0u8; CtrlSegRepr::LEN];
         self.ctrl.emit(&mut CtrlSeg::new_unchecked(&mut seg[..]));
@@ -506,10 +529,7 @@ impl SendWqeWriter<'_> {
     /// # Errors
     /// [`FormatError::WqeTooLarge`].
     pub fn raddr(&mut self, raddr: u64, rkey: u32) -> Result<&mut Self, FormatError> {
-        let at = self.reserve(RaddrSegRepr::LEN)?;
-        let mut seg = [0u8; RaddrSegRepr::LEN];
-        RaddrSegRepr { raddr, rkey }.emit(&mut RaddrSeg::new_unchecked(&mut seg[..]));
-        self.put(at, &seg);
+        self.put_raddr(raddr, rkey)?;
         Ok(self)
     }
 
@@ -518,10 +538,7 @@ impl SendWqeWriter<'_> {
     /// # Errors
     /// [`FormatError::WqeTooLarge`].
     pub fn data(&mut self, seg: DataSegRepr) -> Result<&mut Self, FormatError> {
-        let at = self.reserve(DataSegRepr::LEN)?;
-        let mut bytes = [0u8; DataSegRepr::LEN];
-        seg.emit(&mut DataSeg::new_unchecked(&mut bytes[..]));
-        self.put(at, &bytes);
+        self.put_data(seg)?;
         Ok(self)
     }
 
@@ -530,39 +547,7 @@ impl SendWqeWriter<'_> {
     /// # Errors
     /// [`FormatError::WqeTooLarge`].
     pub fn inline(&mut self, data: &[u8]) -> Result<&mut Self, FormatError> {
-        let hdr =
-            u32::try_from(data.len()).map_err(|_| FormatError::WqeTooLarge)? | INLINE_SEG_FLAG;
-        let total = inline_seg_len(data.len());
-        let at = self.reserve(total)?;
-        // The header and the data as one byte stream, zero-padded to 16,
-        // 16 bytes at a time.
-        let mut chunk = [0u8; DS_SIZE];
-        let mut filled = 4;
-        if let Some(h) = chunk.get_mut(..4) {
-            h.copy_from_slice(&hdr.to_be_bytes());
-        }
-        let mut offset = at;
-        let mut rest = data;
-        loop {
-            let n = rest.len().min(DS_SIZE - filled);
-            let (now, later) = rest.split_at_checked(n).unwrap_or((rest, &[]));
-            if let Some(dst) = chunk.get_mut(filled..filled + n) {
-                dst.copy_from_slice(now);
-            }
-            filled += n;
-            rest = later;
-            if filled == DS_SIZE || rest.is_empty() {
-                if let Some(pad) = chunk.get_mut(filled..) {
-                    pad.fill(0);
-                }
-                self.put(offset, &chunk);
-                offset += DS_SIZE;
-                filled = 0;
-            }
-            if rest.is_empty() {
-                break;
-            }
-        }
+        self.put_inline(data)?;
         Ok(self)
     }
 
@@ -571,19 +556,8 @@ impl SendWqeWriter<'_> {
     /// # Errors
     /// [`FormatError::WqeTooLarge`].
     pub fn datagram(&mut self, av: &DatagramSegRepr) -> Result<&mut Self, FormatError> {
-        let at = self.reserve(DatagramSegRepr::LEN)?;
-        let mut seg = [0u8; DatagramSegRepr::LEN];
-        av.emit(&mut DatagramSeg::new_unchecked(&mut seg[..]));
-        self.put(at, &seg);
+        self.put_datagram(av)?;
         Ok(self)
-    }
-
-    fn reg_mr_seg(&mut self, reg: &RegMrSegRepr) -> Result<(), FormatError> {
-        let at = self.reserve(RegMrSegRepr::LEN)?;
-        let mut seg = [0u8; RegMrSegRepr::LEN];
-        reg.emit(&mut RegMrSeg::new_unchecked(&mut seg[..]));
-        self.put(at, &seg);
-        Ok(())
     }
 
     /// Appends a fast-registration segment followed by its page list inline.
@@ -596,19 +570,7 @@ impl SendWqeWriter<'_> {
         reg: &RegMrSegRepr,
         pages: &[PhysAddr],
     ) -> Result<&mut Self, FormatError> {
-        if !reg.inline_list || pages.len() != reg.npages as usize {
-            return Err(FormatError::BadRegistration);
-        }
-        self.reg_mr_seg(reg)?;
-        let list_len = (pages.len() * 8).div_ceil(DS_SIZE) * DS_SIZE;
-        let at = self.reserve(list_len)?;
-        for (i, p) in pages.iter().enumerate() {
-            // Big-endian on the wire, as the bytes land in memory.
-            self.put_word(at + i * 8, u64::from_ne_bytes(p.0.to_be_bytes()));
-        }
-        if pages.len() % 2 == 1 {
-            self.put_word(at + pages.len() * 8, 0);
-        }
+        self.put_reg_mr_inline(reg, pages)?;
         Ok(self)
     }
 
@@ -623,11 +585,8 @@ impl SendWqeWriter<'_> {
         reg: &RegMrSegRepr,
         list: DataSegRepr,
     ) -> Result<&mut Self, FormatError> {
-        if reg.inline_list || u64::from(list.byte_count) != u64::from(reg.npages) * 8 {
-            return Err(FormatError::BadRegistration);
-        }
-        self.reg_mr_seg(reg)?;
-        self.data(list)
+        self.put_reg_mr_indirect(reg, list)?;
+        Ok(self)
     }
 
     /// WQEBBs the WQE occupies so far.

@@ -1006,9 +1006,143 @@ fn parse_gather(mut rest: &[u8], inline_ok: bool) -> Result<Gather<'_>, FormatEr
     Ok(Gather::Sges(sges))
 }
 
+/// Where a send WQE's segments are stored: the staging buffer of a
+/// [`SendWqeBuilder`], or the send ring itself
+/// ([`crate::ring::SendWqeWriter`]). Both append their segments through the
+/// one encoder below ([`SegmentEncoder`]), so the two can never disagree on
+/// a byte of a WQE.
+pub(crate) trait SegmentSink {
+    /// Claims `n` more bytes (a multiple of [`DS_SIZE`]); the byte offset
+    /// in the WQE they start at.
+    fn reserve(&mut self, n: usize) -> Result<usize, FormatError>;
+
+    /// Stores `bytes` (a multiple of 8 long, inside a claimed range) at
+    /// byte `at` of the WQE.
+    fn put(&mut self, at: usize, bytes: &[u8]);
+}
+
+/// The segment encoders of a send WQE, over any [`SegmentSink`]. Each
+/// segment is encoded by its `Repr` into a small stack buffer (never more
+/// than 48 bytes) and handed to the sink whole.
+pub(crate) trait SegmentEncoder: SegmentSink {
+    /// Appends a remote address segment.
+    #[inline]
+    fn put_raddr(&mut self, raddr: u64, rkey: u32) -> Result<(), FormatError> {
+        let at = self.reserve(RaddrSegRepr::LEN)?;
+        let mut seg = [0u8; RaddrSegRepr::LEN];
+        RaddrSegRepr { raddr, rkey }.emit(&mut RaddrSeg::new_unchecked(&mut seg[..]));
+        self.put(at, &seg);
+        Ok(())
+    }
+
+    /// Appends a data segment.
+    #[inline]
+    fn put_data(&mut self, seg: DataSegRepr) -> Result<(), FormatError> {
+        let at = self.reserve(DataSegRepr::LEN)?;
+        let mut bytes = [0u8; DataSegRepr::LEN];
+        seg.emit(&mut DataSeg::new_unchecked(&mut bytes[..]));
+        self.put(at, &bytes);
+        Ok(())
+    }
+
+    /// Appends an inline data segment holding `data`: the header and the
+    /// data as one byte stream, zero-padded to 16, 16 bytes at a time.
+    #[inline]
+    fn put_inline(&mut self, data: &[u8]) -> Result<(), FormatError> {
+        let hdr =
+            u32::try_from(data.len()).map_err(|_| FormatError::WqeTooLarge)? | INLINE_SEG_FLAG;
+        let at = self.reserve(inline_seg_len(data.len()))?;
+        let mut chunk = [0u8; DS_SIZE];
+        set_be32(&mut chunk, 0, hdr);
+        let mut filled = 4;
+        let mut offset = at;
+        let mut rest = data;
+        loop {
+            let n = rest.len().min(DS_SIZE - filled);
+            let (now, later) = rest.split_at_checked(n).unwrap_or((rest, &[]));
+            set_slice(&mut chunk, filled, now);
+            filled += n;
+            rest = later;
+            if filled == DS_SIZE || rest.is_empty() {
+                if let Some(pad) = chunk.get_mut(filled..) {
+                    pad.fill(0);
+                }
+                self.put(offset, &chunk);
+                offset += DS_SIZE;
+                filled = 0;
+            }
+            if rest.is_empty() {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Appends a UD datagram segment.
+    #[inline]
+    fn put_datagram(&mut self, av: &DatagramSegRepr) -> Result<(), FormatError> {
+        let at = self.reserve(DatagramSegRepr::LEN)?;
+        let mut seg = [0u8; DatagramSegRepr::LEN];
+        av.emit(&mut DatagramSeg::new_unchecked(&mut seg[..]));
+        self.put(at, &seg);
+        Ok(())
+    }
+
+    /// Appends a fast-registration segment.
+    #[inline]
+    fn put_reg_mr(&mut self, reg: &RegMrSegRepr) -> Result<(), FormatError> {
+        let at = self.reserve(RegMrSegRepr::LEN)?;
+        let mut seg = [0u8; RegMrSegRepr::LEN];
+        reg.emit(&mut RegMrSeg::new_unchecked(&mut seg[..]));
+        self.put(at, &seg);
+        Ok(())
+    }
+
+    /// Appends a fast-registration segment followed by its page list
+    /// inline (big-endian addresses, zero-padded to 16).
+    #[inline]
+    fn put_reg_mr_inline(
+        &mut self,
+        reg: &RegMrSegRepr,
+        pages: &[PhysAddr],
+    ) -> Result<(), FormatError> {
+        if !reg.inline_list || pages.len() != reg.npages as usize {
+            return Err(FormatError::BadRegistration);
+        }
+        self.put_reg_mr(reg)?;
+        let at = self.reserve((pages.len() * 8).div_ceil(DS_SIZE) * DS_SIZE)?;
+        for (i, p) in pages.iter().enumerate() {
+            self.put(at + i * 8, &p.0.to_be_bytes());
+        }
+        if pages.len() % 2 == 1 {
+            self.put(at + pages.len() * 8, &[0; 8]);
+        }
+        Ok(())
+    }
+
+    /// Appends a fast-registration segment whose page list lives in device
+    /// memory named by `list` (byte count `npages * 8`).
+    #[inline]
+    fn put_reg_mr_indirect(
+        &mut self,
+        reg: &RegMrSegRepr,
+        list: DataSegRepr,
+    ) -> Result<(), FormatError> {
+        if reg.inline_list || u64::from(list.byte_count) != u64::from(reg.npages) * 8 {
+            return Err(FormatError::BadRegistration);
+        }
+        self.put_reg_mr(reg)?;
+        self.put_data(list)
+    }
+}
+
+impl<S: SegmentSink + ?Sized> SegmentEncoder for S {}
+
 /// Builds one send WQE in a local buffer (the BlueFlame idea: build it in
 /// cacheable memory, then copy it into the ring with 64-bit stores using
-/// [`crate::ring::SendRing::write_wqe`]).
+/// [`crate::ring::SendRing::write_wqe`]). The driver writes WQEs in place
+/// ([`crate::ring::SendWqeWriter`], the same segment encoder); this builder
+/// serves tests, the device model's checks and callers that need the
+/// bytes.
 ///
 /// Segments must be pushed in the order the opcode's layout requires (see the
 /// module table); [`SendWqeBuilder::finish`] fills in `ds`.
@@ -1017,6 +1151,23 @@ pub struct SendWqeBuilder {
     buf: [u8; MAX_SEND_WQE_BYTES],
     len: usize,
     ctrl: CtrlSegRepr,
+}
+
+impl SegmentSink for SendWqeBuilder {
+    fn reserve(&mut self, n: usize) -> Result<usize, FormatError> {
+        let start = self.len;
+        let end = start.checked_add(n).ok_or(FormatError::WqeTooLarge)?;
+        self.buf
+            .get_mut(start..end)
+            .ok_or(FormatError::WqeTooLarge)?
+            .fill(0);
+        self.len = end;
+        Ok(start)
+    }
+
+    fn put(&mut self, at: usize, bytes: &[u8]) {
+        set_slice(&mut self.buf, at, bytes);
+    }
 }
 
 impl SendWqeBuilder {
@@ -1041,25 +1192,12 @@ impl SendWqeBuilder {
         b
     }
 
-    fn reserve(&mut self, n: usize) -> Result<&mut [u8], FormatError> {
-        let start = self.len;
-        let end = start.checked_add(n).ok_or(FormatError::WqeTooLarge)?;
-        let s = self
-            .buf
-            .get_mut(start..end)
-            .ok_or(FormatError::WqeTooLarge)?;
-        s.fill(0);
-        self.len = end;
-        Ok(s)
-    }
-
     /// Appends a remote address segment.
     ///
     /// # Errors
     /// [`FormatError::WqeTooLarge`].
     pub fn raddr(&mut self, raddr: u64, rkey: u32) -> Result<&mut Self, FormatError> {
-        let s = self.reserve(RaddrSegRepr::LEN)?;
-        RaddrSegRepr { raddr, rkey }.emit(&mut RaddrSeg::new_unchecked(s));
+        self.put_raddr(raddr, rkey)?;
         Ok(self)
     }
 
@@ -1068,8 +1206,7 @@ impl SendWqeBuilder {
     /// # Errors
     /// [`FormatError::WqeTooLarge`].
     pub fn data(&mut self, seg: DataSegRepr) -> Result<&mut Self, FormatError> {
-        let s = self.reserve(DataSegRepr::LEN)?;
-        seg.emit(&mut DataSeg::new_unchecked(s));
+        self.put_data(seg)?;
         Ok(self)
     }
 
@@ -1078,11 +1215,7 @@ impl SendWqeBuilder {
     /// # Errors
     /// [`FormatError::WqeTooLarge`].
     pub fn inline(&mut self, data: &[u8]) -> Result<&mut Self, FormatError> {
-        let hdr =
-            u32::try_from(data.len()).map_err(|_| FormatError::WqeTooLarge)? | INLINE_SEG_FLAG;
-        let s = self.reserve(inline_seg_len(data.len()))?;
-        set_be32(s, 0, hdr);
-        set_slice(s, 4, data);
+        self.put_inline(data)?;
         Ok(self)
     }
 
@@ -1091,8 +1224,7 @@ impl SendWqeBuilder {
     /// # Errors
     /// [`FormatError::WqeTooLarge`].
     pub fn datagram(&mut self, av: &DatagramSegRepr) -> Result<&mut Self, FormatError> {
-        let s = self.reserve(DatagramSegRepr::LEN)?;
-        av.emit(&mut DatagramSeg::new_unchecked(s));
+        self.put_datagram(av)?;
         Ok(self)
     }
 
@@ -1106,15 +1238,7 @@ impl SendWqeBuilder {
         reg: &RegMrSegRepr,
         pages: &[PhysAddr],
     ) -> Result<&mut Self, FormatError> {
-        if !reg.inline_list || pages.len() != reg.npages as usize {
-            return Err(FormatError::BadRegistration);
-        }
-        let s = self.reserve(RegMrSegRepr::LEN)?;
-        reg.emit(&mut RegMrSeg::new_unchecked(s));
-        let s = self.reserve((pages.len() * 8).div_ceil(DS_SIZE) * DS_SIZE)?;
-        for (i, p) in pages.iter().enumerate() {
-            set_be64(s, i * 8, p.0);
-        }
+        self.put_reg_mr_inline(reg, pages)?;
         Ok(self)
     }
 
@@ -1129,12 +1253,8 @@ impl SendWqeBuilder {
         reg: &RegMrSegRepr,
         list: DataSegRepr,
     ) -> Result<&mut Self, FormatError> {
-        if reg.inline_list || u64::from(list.byte_count) != u64::from(reg.npages) * 8 {
-            return Err(FormatError::BadRegistration);
-        }
-        let s = self.reserve(RegMrSegRepr::LEN)?;
-        reg.emit(&mut RegMrSeg::new_unchecked(s));
-        self.data(list)
+        self.put_reg_mr_indirect(reg, list)?;
+        Ok(self)
     }
 
     /// Finishes the WQE: writes `ds` and returns the bytes (a multiple of 16).

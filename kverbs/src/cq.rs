@@ -195,6 +195,11 @@ impl<P: Platform, C: Send + 'static> CompletionSource for CqCore<P, C> {
     fn poll<const N: usize>(&self, out: &mut heapless::Vec<CqItem<P, C>, N>, irql: &Dispatch<'_>) {
         let Some(_claim) = self.claim() else { return };
         let start = self.ci.load(Ordering::Relaxed);
+        // Nothing there (the poll after a short batch, after an arm): one
+        // owner-bit load, no lock.
+        if !self.ring.is_ready(start) {
+            return;
+        }
         let mut ci = start;
         {
             let attached = self.attached.lock_at_dpc_level(irql);
@@ -249,7 +254,7 @@ impl<P: Platform, C: Send + 'static> CompletionSource for CqCore<P, C> {
         barrier::mmio_flush_writes();
         // Report missed events: a CQE already waiting at `ci` may have been
         // written before the arm took effect.
-        if self.ring.poll(ci).is_some() {
+        if self.ring.is_ready(ci) {
             ArmOutcome::MissedEvents
         } else {
             ArmOutcome::Armed

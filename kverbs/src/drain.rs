@@ -77,6 +77,11 @@ pub trait CompletionSource {
 
     /// Moves up to `out`'s free capacity of completions into `out`.
     ///
+    /// Filling less than the capacity means the source was empty at some
+    /// point during the call: the drain loop then goes on to arm without
+    /// polling again (a completion that lands after that point is found by
+    /// the arm's [`ArmOutcome::MissedEvents`] or the poll after the arm).
+    ///
     /// # IRQL
     ///
     /// `DISPATCH_LEVEL`; must not block.
@@ -112,7 +117,10 @@ pub trait CompletionHandler<C> {
 pub struct Budget {
     /// Completions per pass (Linux `IB_POLL_BUDGET_IRQ` is 256).
     pub completions: usize,
-    /// Time per pass, in platform ticks (checked between batches).
+    /// Time per pass, in platform ticks, checked between batches. The
+    /// clock starts after the pass's first batch, and only once the pass is
+    /// more than one short batch (so a pass that goes idle after one short
+    /// batch reads no clock): the first batch's own time is not counted.
     pub ticks: u64,
 }
 
@@ -217,7 +225,12 @@ impl DrainLoop {
             }
         }
 
-        let start = now();
+        // The time budget's clock starts when a pass turns out to be more
+        // than one short batch (a full batch, or a second delivering poll):
+        // a pass that delivers one short batch and goes idle — every pass
+        // at low queue depth — reads no clock at all.
+        let mut clock: Option<Ticks> = None;
+        let mut delivering_polls = 0u32;
         let mut delivered = 0usize;
         let mut batch: heapless::Vec<S::Completion, POLL_BATCH> = heapless::Vec::new();
         loop {
@@ -227,11 +240,22 @@ impl DrainLoop {
             let polled = deliver(source, handler, &mut batch, irql);
             if polled > 0 {
                 delivered = delivered.saturating_add(polled);
-                if delivered >= budget.completions || now().since(start) >= budget.ticks {
+                delivering_polls = delivering_polls.saturating_add(1);
+                let out_of_time = (polled == POLL_BATCH || delivering_polls > 1) && {
+                    let t = now();
+                    t.since(*clock.get_or_insert(t)) >= budget.ticks
+                };
+                if delivered >= budget.completions || out_of_time {
                     self.state.store(NOTIFIED, Ordering::Release);
                     return DrainOutcome::BudgetExhausted { delivered };
                 }
-                continue;
+                if polled == POLL_BATCH {
+                    continue;
+                }
+                // A short batch: the source was empty at this poll. What
+                // landed since was either notified (checked next) or is
+                // caught by the arm (missed events) and the poll after it,
+                // so a second, empty poll here would only cost a round.
             }
             if self.state.load(Ordering::Acquire) & NOTIFIED != 0 {
                 continue;
@@ -271,8 +295,12 @@ where
     batch.clear();
     source.poll(batch, irql);
     let polled = batch.len();
-    // Deliver in poll order, leaving `batch` empty for the next poll.
-    for completion in core::mem::take(batch) {
+    // Deliver in poll order, leaving `batch` empty for the next poll: one
+    // move per completion (reversed, then popped), not a move of the whole
+    // batch buffer per poll (`mem::take` copied all POLL_BATCH slots, even
+    // for an empty poll).
+    batch.reverse();
+    while let Some(completion) = batch.pop() {
         handler.on_completion(completion, irql);
     }
     polled
