@@ -200,29 +200,26 @@ pub trait InteropEngine: Transport {
     fn connections(&self, p: &Passive<'_>) -> usize;
 }
 
-impl InteropEngine for SrpTransport<Hp> {
-    type Stats = TargetStats;
+/// Implements [`InteropEngine`] for engines whose inherent
+/// `target_stats`/`open_connections` already answer it (both do, by the
+/// same names).
+macro_rules! interop_engine {
+    ($($engine:ty => $stats:ty),+ $(,)?) => {$(
+        impl InteropEngine for $engine {
+            type Stats = $stats;
 
-    fn stats_of(&self, target: u8, p: &Passive<'_>) -> Option<TargetStats> {
-        self.target_stats(target, p)
-    }
+            fn stats_of(&self, target: u8, p: &Passive<'_>) -> Option<$stats> {
+                self.target_stats(target, p)
+            }
 
-    fn connections(&self, p: &Passive<'_>) -> usize {
-        self.open_connections(p)
-    }
+            fn connections(&self, p: &Passive<'_>) -> usize {
+                self.open_connections(p)
+            }
+        }
+    )+};
 }
 
-impl InteropEngine for IserTransport<Hp> {
-    type Stats = IserStats;
-
-    fn stats_of(&self, target: u8, p: &Passive<'_>) -> Option<IserStats> {
-        self.target_stats(target, p)
-    }
-
-    fn connections(&self, p: &Passive<'_>) -> usize {
-        self.open_connections(p)
-    }
-}
+interop_engine!(SrpTransport<Hp> => TargetStats, IserTransport<Hp> => IserStats);
 
 /// How to build an [`Interop`].
 #[derive(Debug, Clone)]
