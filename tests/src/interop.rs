@@ -43,7 +43,7 @@ use storport_srp::srp::{AdapterShape, SrpConfig, SrpTransport, TargetStats};
 use storport_srp::storport::host::{
     HostPort, ModelConfig, RequestOutcome, RequestSpec, RequestState, SgShape, StorPortModel,
 };
-use storport_srp::storport::{Address, SrbStatus};
+use storport_srp::storport::{Address, SrbFunction, SrbStatus};
 
 use crate::{Hp, Io, IoDone, Op, SetupError, cdb_bytes, first_difference, rw_cdb};
 use storport_srp::scsi::cdb::{CdbRepr, InquiryCdb, ReadCapacity16Cdb, ReportLunsCdb};
@@ -198,11 +198,17 @@ pub trait InteropEngine: Transport {
 
     /// Connections built and not yet released.
     fn connections(&self, p: &Passive<'_>) -> usize;
+
+    /// Logins that succeeded (reconnects included), from `stats`.
+    fn logins(stats: &Self::Stats) -> u64;
+
+    /// Sessions lost to a transport failure, from `stats`.
+    fn transport_failures(stats: &Self::Stats) -> u64;
 }
 
 /// Implements [`InteropEngine`] for engines whose inherent
-/// `target_stats`/`open_connections` already answer it (both do, by the
-/// same names).
+/// `target_stats`/`open_connections` and whose counters' `logins`/
+/// `transport_failures` already answer it (both do, by the same names).
 macro_rules! interop_engine {
     ($($engine:ty => $stats:ty),+ $(,)?) => {$(
         impl InteropEngine for $engine {
@@ -214,6 +220,14 @@ macro_rules! interop_engine {
 
             fn connections(&self, p: &Passive<'_>) -> usize {
                 self.open_connections(p)
+            }
+
+            fn logins(stats: &$stats) -> u64 {
+                stats.logins
+            }
+
+            fn transport_failures(stats: &$stats) -> u64 {
+                stats.transport_failures
             }
         }
     )+};
@@ -1199,6 +1213,358 @@ impl<T: InteropEngine> Interop<T> {
         }
         let done = self.run_ios(&rewrite, 16, shadows, Duration::from_secs(300), p);
         all_succeeded(&done, "rewrite");
+    }
+}
+
+/// The kernel log lines of the Linux targets and Soft-RoCE (the evidence
+/// when something fails).
+pub fn target_log(vm: &Vm) -> String {
+    exec(
+        vm,
+        "dmesg | grep -i -E 'srpt|isert|iscsi|rxe|target' | tail -40 || true",
+    )
+}
+
+/// What the ABORT TASK rounds of [`Interop::abort_queued_tasks`] found.
+#[derive(Debug, Default)]
+pub struct AbortTally {
+    /// Aborts answered SUCCESS: the victim ended ABORTED, no data moved.
+    pub aborted: usize,
+    /// Aborts answered ABORT_FAILED: the victim finished first (or an
+    /// escalation reset it).
+    pub too_late: usize,
+    /// The operations of the aborted victims.
+    pub aborted_ops: Vec<Op>,
+    /// The operations of the victims the abort came too late for.
+    pub late_ops: Vec<Op>,
+}
+
+/// What a short target outage did (see [`Interop::short_outage`]).
+#[derive(Debug)]
+pub struct ShortOutage<S> {
+    /// The engine's counters before the outage.
+    pub before: S,
+    /// From disabling the TPG to the engine seeing the session gone.
+    pub lost_after: Duration,
+    /// The engine's counters when it saw the session gone.
+    pub at_loss: S,
+    /// I/Os submitted during the outage.
+    pub submitted_during: usize,
+    /// Of those, how many were still held 3 s later.
+    pub held: usize,
+    /// The engine's counters just before the TPG was enabled again.
+    pub before_enable: S,
+    /// From enabling the TPG to the target being live again.
+    pub back_after: Duration,
+    /// How the I/Os in flight at the drop ended.
+    pub in_flight: HashMap<SrbStatus, usize>,
+    /// How the I/Os submitted during the outage ended.
+    pub during: HashMap<SrbStatus, usize>,
+}
+
+/// What an outage past fast-fail did (see [`Interop::outage_past_fast_fail`]).
+#[derive(Debug)]
+pub struct LongOutage {
+    /// From disabling the TPG to every I/O submitted during it completing.
+    pub failed_after_drop: Duration,
+    /// From submitting those I/Os to all of them completing.
+    pub failed_after_submit: Duration,
+    /// I/Os submitted during the outage.
+    pub submitted: usize,
+    /// How they ended.
+    pub outcomes: HashMap<SrbStatus, usize>,
+    /// The target's state once they had ended (before re-enabling).
+    pub state_when_failed: TargetState,
+}
+
+/// The phases both interop tests (SRP against `ib_srpt`, iSER against
+/// LIO's isert) run the same way: ABORT TASK, LUN RESET, the target
+/// dropping the session. Each asserts what holds for either engine; the
+/// tests add what is particular to theirs.
+impl<T: InteropEngine> Interop<T> {
+    /// ABORT TASK of commands still queued at the target: 12 MiB of
+    /// 512 KiB writes and reads queued at once on LUN 1, the last four
+    /// aborted at once. Under TCG the target is still busy with the first
+    /// ones, so the victims are still queued there. Each abort must be
+    /// answered exactly once and agree with its victim's outcome: SUCCESS
+    /// with the victim ABORTED and no data, or ABORT_FAILED with the victim
+    /// finished on its own — or reset (BUS_RESET) by the engine escalating
+    /// a TMF that timed out, which `escalated` reads from the engine's
+    /// counters. Up to three rounds, until one abort found its victim.
+    ///
+    /// # Panics
+    /// When an abort and its victim disagree, or no round aborted anything.
+    pub fn abort_queued_tasks(
+        &self,
+        rng: &mut fastrand::Rng,
+        shadows: &mut BTreeMap<u8, ShadowDisk>,
+        escalated: impl Fn(&T::Stats) -> bool,
+        rec: &mut Record,
+        p: &Passive<'_>,
+    ) -> AbortTally {
+        let mut tally = AbortTally::default();
+        for round in 0..3 {
+            let ios = stripes(rng, &shadows[&1], 1, 24, 512 << 10);
+            let ids = self.submit_all(&ios, p);
+            let victims: Vec<u32> = ids[20..].to_vec();
+            let aborts: Vec<u32> = victims
+                .iter()
+                .map(|v| self.submit(&RequestSpec::abort(Address::new(0, 0, 1), *v), p))
+                .collect();
+            let out = self.wait(&aborts, Duration::from_secs(120), p);
+            self.wait(&ids, Duration::from_secs(120), p);
+            for ((o, v), io) in out.iter().zip(&victims).zip(&ios[20..]) {
+                assert_eq!(o.completions, 1, "abort: {o:?}");
+                let victim = self
+                    .model
+                    .outcome(*v)
+                    .unwrap_or_else(|| panic!("no victim {v}"));
+                match o.status.base() {
+                    SrbStatus::SUCCESS => {
+                        tally.aborted += 1;
+                        tally.aborted_ops.push(io.op);
+                        assert_eq!(victim.status.base(), SrbStatus::ABORTED, "{victim:?}");
+                        assert_eq!(victim.data_transfer_length, 0, "{victim:?}");
+                    }
+                    SrbStatus::ABORT_FAILED => {
+                        tally.too_late += 1;
+                        tally.late_ops.push(io.op);
+                        let st = self.stats(p);
+                        let reset_by_escalation =
+                            escalated(&st) && victim.status.base() == SrbStatus::BUS_RESET;
+                        assert!(
+                            victim.status.base() == SrbStatus::SUCCESS || reset_by_escalation,
+                            "abort failed, victim {victim:?}; engine {st:?}"
+                        );
+                    }
+                    _ => panic!("abort: {o:?} (victim {victim:?})"),
+                }
+            }
+            let by_status = self.settle_into_shadows(&ios, &ids, shadows);
+            rec.note(format!("abort round {round}: I/O outcomes {by_status:?}"));
+            if tally.aborted > 0 {
+                break;
+            }
+        }
+        assert!(
+            tally.aborted > 0,
+            "no ABORT TASK found its command still queued at the target"
+        );
+        tally
+    }
+
+    /// LUN RESET with 24 MiB (1 MiB each) in flight on LUN 0: reported
+    /// (once, SUCCESS) after every command of the LUN completed, each
+    /// truthfully; the next command sees the target's unit attention for
+    /// the reset (or none), then the LUN works. Returns the I/O count,
+    /// their outcomes and the unit attentions.
+    ///
+    /// # Panics
+    /// When any of that does not hold.
+    pub fn lun_reset_during_io(
+        &self,
+        rng: &mut fastrand::Rng,
+        shadows: &mut BTreeMap<u8, ShadowDisk>,
+        p: &Passive<'_>,
+    ) -> (usize, HashMap<SrbStatus, usize>, Vec<AdditionalSense>) {
+        let ios = stripes(rng, &shadows[&0], 0, 24, MIB);
+        let ids = self.submit_all(&ios, p);
+        std::thread::sleep(Duration::from_millis(20));
+        let reset = self.submit(
+            &RequestSpec::function(SrbFunction::ResetLogicalUnit, Address::new(0, 0, 0)),
+            p,
+        );
+        assert!(
+            wait_until(Duration::from_secs(120), || self.done(reset)),
+            "LUN reset not done: {:?}",
+            self.stats(p)
+        );
+        assert!(
+            ids.iter().all(|id| self.done(*id)),
+            "a LUN command outlived its reset"
+        );
+        let o = self
+            .model
+            .outcome(reset)
+            .unwrap_or_else(|| panic!("no reset request {reset}"));
+        assert_eq!(o.status.base(), SrbStatus::SUCCESS, "LUN reset: {o:?}");
+        assert_eq!(o.completions, 1, "{o:?}");
+        let by_status = self.settle_into_shadows(&ios, &ids, shadows);
+        for st in by_status.keys() {
+            assert!(
+                [SrbStatus::SUCCESS, SrbStatus::BUS_RESET, SrbStatus::ABORTED].contains(st),
+                "after a LUN reset: {by_status:?}"
+            );
+        }
+        let (o, _, uas) = command_in_ua(self, 0, |s, l, p| s.read_capacity(l, p), p);
+        assert_eq!(o.status.base(), SrbStatus::SUCCESS, "{o:?}");
+        (ios.len(), by_status, uas)
+    }
+
+    /// A short outage: the TPG at `tpg` (its configfs directory in `vm`) is
+    /// disabled with 4 MiB in flight on LUN 0, 512 KiB more is submitted
+    /// to LUN 1 during the outage, and after 3 s the TPG is enabled again.
+    /// The engine must notice the drop, log in again, and complete the I/O
+    /// truthfully (success, reset, aborted or error); what was submitted
+    /// during the outage must succeed after the reconnect.
+    ///
+    /// # Panics
+    /// When any of that does not hold.
+    pub fn short_outage(
+        &self,
+        rng: &mut fastrand::Rng,
+        shadows: &mut BTreeMap<u8, ShadowDisk>,
+        vm: &Vm,
+        tpg: &str,
+        p: &Passive<'_>,
+    ) -> ShortOutage<T::Stats> {
+        let before = self.stats(p);
+        let ios = stripes(rng, &shadows[&0], 0, 16, 256 << 10);
+        let ids = self.submit_all(&ios, p);
+        let t = Instant::now();
+        exec(vm, &format!("echo 0 > {tpg}/enable"));
+        assert!(
+            wait_until(Duration::from_secs(30), || self.state()
+                != TargetState::Live),
+            "the engine did not notice the target dropping the session: {:?}",
+            self.stats(p)
+        );
+        let lost_after = t.elapsed();
+        let at_loss = self.stats(p);
+        let during = stripes(rng, &shadows[&1], 1, 8, 64 << 10);
+        let during_ids = self.submit_all(&during, p);
+        std::thread::sleep(Duration::from_secs(3));
+        let held = during_ids.iter().filter(|id| !self.done(**id)).count();
+        let before_enable = self.stats(p);
+        exec(vm, &format!("echo 1 > {tpg}/enable"));
+        let t = Instant::now();
+        assert!(
+            self.wait_state(TargetState::Live, Duration::from_secs(60)),
+            "no reconnect: {:?}\n{}",
+            self.stats(p),
+            target_log(vm)
+        );
+        let back_after = t.elapsed();
+        self.wait(&ids, Duration::from_secs(120), p);
+        self.wait(&during_ids, Duration::from_secs(120), p);
+        let a = self.settle_into_shadows(&ios, &ids, shadows);
+        let b = self.settle_into_shadows(&during, &during_ids, shadows);
+        for st in a.keys().chain(b.keys()) {
+            assert!(
+                [
+                    SrbStatus::SUCCESS,
+                    SrbStatus::BUS_RESET,
+                    SrbStatus::ABORTED,
+                    SrbStatus::ERROR
+                ]
+                .contains(st),
+                "short outage: {a:?} {b:?}"
+            );
+        }
+        assert_eq!(
+            b.get(&SrbStatus::SUCCESS).copied().unwrap_or(0),
+            during.len(),
+            "I/O submitted during a short outage completes after the reconnect: {b:?}"
+        );
+        let st = self.stats(p);
+        assert!(T::logins(&st) > T::logins(&before), "{st:?}");
+        assert!(
+            T::transport_failures(&st) > T::transport_failures(&before),
+            "{st:?}"
+        );
+        ShortOutage {
+            before,
+            lost_after,
+            at_loss,
+            submitted_during: during.len(),
+            held,
+            before_enable,
+            back_after,
+            in_flight: a,
+            during: b,
+        }
+    }
+
+    /// An outage past fast-fail: the TPG is disabled, 512 KiB is submitted
+    /// to LUN 1 once the engine saw the session gone, and the TPG stays
+    /// disabled until all of it completed (within 60 s); then it is
+    /// enabled again and the engine must log in again. What the I/O must
+    /// have ended with is the caller's to check.
+    ///
+    /// # Panics
+    /// When the engine misses the drop, the I/O does not complete, or the
+    /// engine does not reconnect.
+    pub fn outage_past_fast_fail(
+        &self,
+        rng: &mut fastrand::Rng,
+        shadows: &mut BTreeMap<u8, ShadowDisk>,
+        vm: &Vm,
+        tpg: &str,
+        p: &Passive<'_>,
+    ) -> LongOutage {
+        // The fast-fail timer starts when the connection is lost, after this.
+        let dropped = Instant::now();
+        exec(vm, &format!("echo 0 > {tpg}/enable"));
+        assert!(wait_until(Duration::from_secs(30), || self.state()
+            != TargetState::Live));
+        let during = stripes(rng, &shadows[&1], 1, 8, 64 << 10);
+        let during_ids = self.submit_all(&during, p);
+        let submitted = Instant::now();
+        self.wait(&during_ids, Duration::from_secs(60), p);
+        let failed_after_submit = submitted.elapsed();
+        let failed_after_drop = dropped.elapsed();
+        let outcomes = self.settle_into_shadows(&during, &during_ids, shadows);
+        let state_when_failed = self.state();
+        exec(vm, &format!("echo 1 > {tpg}/enable"));
+        assert!(
+            self.wait_state(TargetState::Live, Duration::from_secs(60)),
+            "no reconnect after fail-fast: {:?}",
+            self.stats(p)
+        );
+        LongOutage {
+            failed_after_drop,
+            failed_after_submit,
+            submitted: during.len(),
+            outcomes,
+            state_when_failed,
+        }
+    }
+
+    /// After the outages: every LUN read whole and checked, then 64 random
+    /// data-checked I/Os (512 B..256 KiB, half reads, alternating LUNs 0
+    /// and 1, each passed through `adapt`) at depth 16, all of which must
+    /// succeed. Returns how many random I/Os ran.
+    ///
+    /// # Panics
+    /// On a mismatch or a failed I/O.
+    pub fn resume_after_outage(
+        &self,
+        rng: &mut fastrand::Rng,
+        shadows: &mut BTreeMap<u8, ShadowDisk>,
+        adapt: impl Fn(Io) -> Io,
+        p: &Passive<'_>,
+    ) -> usize {
+        self.verify_all(shadows, p);
+        let ios: Vec<Io> = (0..64u8)
+            .flat_map(|i| {
+                let lun = i % 2;
+                let sh = &shadows[&lun];
+                workload(
+                    rng,
+                    1,
+                    lun,
+                    sh.block_len(),
+                    sh.blocks(),
+                    512,
+                    256 << 10,
+                    0.5,
+                )
+            })
+            .map(adapt)
+            .collect();
+        let done = self.run_ios(&ios, 16, shadows, Duration::from_secs(300), p);
+        all_succeeded(&done, "after reconnect");
+        ios.len()
     }
 }
 
