@@ -24,15 +24,13 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use hca_lowlevel::sim::{
-    ExecMode, Fabric, FabricConfig, HcaConfig, LinkConfig, LinkStats, SoftHca,
-};
-use hca_lowlevel::wire::EthernetAddress;
-use kverbs::cm::{CmError, CmPort, CmPortConfig};
-use kverbs::device::{Device, DeviceConfig};
-use kverbs::hostdev::VerifiedHca;
+use hca_lowlevel::sim::{Fabric, LinkStats, SoftHca};
+use kverbs::cm::{CmError, CmPort};
+use kverbs::device::Device;
 use kverbs::irql::Passive;
 use kverbs::platform::host::{HostConfig, HostMode, HostPlatform};
+use kverbs_tools::bench::linux_vm::vm_initiator_hca;
+use kverbs_tools::bench::rdma::{InitiatorHca, adapter_config};
 use kverbs_tools::vm::{TargetInfo, Vm};
 use storport_srp::iscsi::description::TargetDescription;
 use storport_srp::iser::{IserConfig, IserStats, IserTransport};
@@ -262,16 +260,7 @@ impl Default for InteropConfig {
     fn default() -> Self {
         InteropConfig {
             keys: String::new(),
-            srp: SrpConfig {
-                timeouts: storport_srp::srp::params::Timeouts::new(
-                    Some(Duration::from_secs(1)),
-                    Some(Duration::from_secs(10)),
-                    Some(Duration::from_secs(120)),
-                )
-                .unwrap_or_default(),
-                tmf_timeout: Duration::from_secs(20),
-                ..SrpConfig::default()
-            },
+            srp: kverbs_tools::vm::link::tcg_srp_config(),
             iser: IserConfig::default(),
             model: ModelConfig {
                 max_requests: 65536,
@@ -331,69 +320,28 @@ pub fn isert_node_record(info: &TargetInfo, keys: &str) -> Result<String, SetupE
         .map_err(|e| SetupError(e.to_string()))
 }
 
-/// The initiator's HCA on the VM's link with its device and CM port: what
-/// both engines run on.
-struct LinkedHca {
-    fabric: Fabric,
-    initiator: Arc<SoftHca>,
-    device: Device<Hp>,
-    cm: CmPort<Hp>,
-}
-
 fn setup_err(what: &str, e: &dyn std::fmt::Debug) -> SetupError {
     SetupError(format!("{what}: {e:?}"))
 }
 
-impl LinkedHca {
-    fn new(
-        platform: &Hp,
-        info: &TargetInfo,
-        wire: &Arc<LinkWire>,
-        config: &InteropConfig,
-        p: &Passive<'_>,
-    ) -> Result<Self, SetupError> {
-        let fabric = Fabric::new(FabricConfig {
-            mode: ExecMode::Thread,
-            seed: 1,
-        });
-        let mut link = LinkConfig::new(EthernetAddress(info.host_mac.0));
-        link.pcap.clone_from(&config.pcap);
-        let initiator = fabric
-            .add_hca_on_link(
-                HcaConfig {
-                    mem_limit: config.initiator_memory,
-                    ..HcaConfig::new(info.host_ip.octets())
-                },
-                link,
-                wire.clone(),
-            )
-            .map_err(|e| setup_err("initiator HCA on the link", &e))?;
-        let device = Device::open(
-            platform,
-            VerifiedHca::new(initiator.clone()),
-            DeviceConfig::default(),
-            p,
-        )
-        .map_err(|e| setup_err("initiator device", &e))?;
-        let cm = CmPort::create(
-            &device,
-            1,
-            CmPortConfig {
-                cm: kverbs_tools::vm::link::tcg_cm_config(),
-                recv_buffers: 64,
-                send_buffers: 64,
-                trace: None,
-            },
-            p,
-        )
-        .map_err(|e| setup_err("initiator CM", &e))?;
-        Ok(LinkedHca {
-            fabric,
-            initiator,
-            device,
-            cm,
-        })
-    }
+/// The initiator's HCA on the VM's link with its device and CM port, as
+/// kvbench's `linux-vm` transports build it: what both engines run on.
+fn linked_hca(
+    platform: &Hp,
+    info: &TargetInfo,
+    wire: &Arc<LinkWire>,
+    config: &InteropConfig,
+    p: &Passive<'_>,
+) -> Result<InitiatorHca, SetupError> {
+    vm_initiator_hca(
+        platform,
+        info,
+        wire.clone(),
+        config.initiator_memory,
+        config.pcap.clone(),
+        p,
+    )
+    .map_err(|e| SetupError(e.to_string()))
 }
 
 impl Interop<SrpTransport<Hp>> {
@@ -410,7 +358,7 @@ impl Interop<SrpTransport<Hp>> {
         config: &InteropConfig,
         p: &Passive<'_>,
     ) -> Result<Self, SetupError> {
-        let hca = LinkedHca::new(&platform, info, &wire, config, p)?;
+        let hca = linked_hca(&platform, info, &wire, config, p)?;
         let add_target = srpt_add_target(info, &config.keys)?;
         let params = parse_add_target(add_target.as_bytes())
             .map_err(|e| setup_err(&format!("add_target {add_target:?}"), &e))?;
@@ -450,7 +398,7 @@ impl Interop<IserTransport<Hp>> {
         config: &InteropConfig,
         p: &Passive<'_>,
     ) -> Result<Self, SetupError> {
-        let hca = LinkedHca::new(&platform, info, &wire, config, p)?;
+        let hca = linked_hca(&platform, info, &wire, config, p)?;
         let record = isert_node_record(info, &config.keys)?;
         let desc = TargetDescription::parse(&record)
             .map_err(|e| SetupError(format!("node record {record:?}: {e}")))?;
@@ -485,7 +433,7 @@ impl<T: InteropEngine> Interop<T> {
     #[expect(clippy::too_many_arguments, reason = "the stack's parts")]
     fn assemble(
         platform: Hp,
-        hca: LinkedHca,
+        hca: InitiatorHca,
         wire: Arc<LinkWire>,
         shape: AdapterShape,
         make_transport: TransportFactory<T>,
@@ -493,14 +441,7 @@ impl<T: InteropEngine> Interop<T> {
         config: &InteropConfig,
         p: &Passive<'_>,
     ) -> Result<Self, SetupError> {
-        let adapter = AdapterConfig {
-            targets: 1,
-            luns_per_target: config.luns_per_target,
-            max_io: shape.max_io.clamp(1, 4096),
-            max_io_per_lun: shape.max_io_per_lun.clamp(1, 4096),
-            max_transfer_bytes: shape.max_transfer_bytes,
-            physical_breaks: shape.physical_breaks,
-        };
+        let adapter = adapter_config(&shape, 1, config.luns_per_target);
         let mut model = StorPortModel::with_memory(
             &platform,
             config.model.clone(),
@@ -514,7 +455,7 @@ impl<T: InteropEngine> Interop<T> {
         model
             .start(&context, p)
             .map_err(|e| setup_err("find_adapter", &e))?;
-        let LinkedHca {
+        let InitiatorHca {
             fabric,
             initiator,
             device,

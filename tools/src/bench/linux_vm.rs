@@ -26,7 +26,7 @@ use kverbs::platform::host::HostPlatform;
 use storport_srp::iscsi::description::TargetDescription;
 use storport_srp::iser::{IserConfig, IserTransport};
 use storport_srp::miniport::TransportFactory;
-use storport_srp::srp::params::{Timeouts, parse_add_target};
+use storport_srp::srp::params::parse_add_target;
 use storport_srp::srp::{AdapterShape, SrpConfig, SrpTransport};
 use storport_srp::storport::host::SgShape;
 
@@ -39,7 +39,9 @@ use super::rdma::{
 };
 use super::srp::SrpMiniport;
 use crate::scsi_target::BlockSize;
-use crate::vm::link::{LinkWire, isert_node_record, srpt_add_target, tcg_cm_config};
+use crate::vm::link::{
+    LinkWire, isert_node_record, srpt_add_target, tcg_cm_config, tcg_srp_config,
+};
 use crate::vm::{
     Backstore, LunConfig, MAX_LUNS, PrepareOptions, TargetInfo, Vm, VmConfig, VmError, WorkDir,
     log_tail, prepare,
@@ -323,15 +325,43 @@ fn linked_hca(
     booted: &Booted,
     p: &Passive<'_>,
 ) -> Result<InitiatorHca, BackendError> {
-    let link = LinkConfig::new(EthernetAddress(booted.info.host_mac.0));
+    vm_initiator_hca(
+        platform,
+        &booted.info,
+        booted.wire.clone(),
+        INITIATOR_MEMORY,
+        None,
+        p,
+    )
+}
+
+/// The initiator's HCA (with `memory` bytes of memory) alone on the
+/// VM's link `wire`, with the host's MAC and IP as the VM (`info`) knows
+/// them and TCG-friendly CM timing ([`tcg_cm_config`]), every frame
+/// captured to `pcap` if given: what kvbench's `linux-vm` transports and
+/// the interop tests run their engines on.
+///
+/// # Errors
+/// [`BackendError`] if the HCA cannot be put on the link or the device
+/// or the CM port cannot be opened.
+pub fn vm_initiator_hca(
+    platform: &HostPlatform,
+    info: &TargetInfo,
+    wire: Arc<LinkWire>,
+    memory: usize,
+    pcap: Option<std::path::PathBuf>,
+    p: &Passive<'_>,
+) -> Result<InitiatorHca, BackendError> {
+    let mut link = LinkConfig::new(EthernetAddress(info.host_mac.0));
+    link.pcap = pcap;
     InitiatorHca::on_link(
         platform,
         HcaConfig {
-            mem_limit: INITIATOR_MEMORY,
-            ..HcaConfig::new(booted.info.host_ip.octets())
+            mem_limit: memory,
+            ..HcaConfig::new(info.host_ip.octets())
         },
         link,
-        booted.wire.clone(),
+        wire,
         tcg_cm_config(),
         p,
     )
@@ -419,14 +449,7 @@ fn build_srp(
     // A TCG guest is slow: generous reconnect, loss and command timeouts.
     let srp_config = SrpConfig {
         use_imm_data: options.immediate_data,
-        timeouts: Timeouts::new(
-            Some(Duration::from_secs(1)),
-            Some(Duration::from_secs(10)),
-            Some(Duration::from_secs(120)),
-        )
-        .unwrap_or_default(),
-        tmf_timeout: Duration::from_secs(20),
-        ..SrpConfig::default()
+        ..tcg_srp_config()
     };
     let shape = SrpTransport::<HostPlatform>::adapter_shape(&[params], &srp_config);
     let srpt = booted
