@@ -28,9 +28,8 @@ use hca_lowlevel::sim::{Fabric, LinkStats, SoftHca};
 use kverbs::cm::{CmError, CmPort};
 use kverbs::device::Device;
 use kverbs::irql::Passive;
-use kverbs::platform::host::{HostConfig, HostMode, HostPlatform};
 use kverbs_tools::bench::linux_vm::vm_initiator_hca;
-use kverbs_tools::bench::rdma::{InitiatorHca, adapter_config};
+use kverbs_tools::bench::rdma::{InitiatorHca, adapter_config, bench_platform};
 use kverbs_tools::vm::{TargetInfo, Vm};
 use storport_srp::iscsi::description::TargetDescription;
 use storport_srp::iser::{IserConfig, IserStats, IserTransport};
@@ -47,6 +46,8 @@ use crate::{Hp, Io, IoDone, Op, SetupError, cdb_bytes, first_difference, rw_cdb}
 use storport_srp::scsi::cdb::{CdbRepr, InquiryCdb, ReadCapacity16Cdb, ReportLunsCdb};
 use storport_srp::scsi::sense::{AdditionalSense, SenseKey, SenseRepr};
 
+/// Waits (real time) until a condition holds (kvbench's, shared).
+pub use kverbs_tools::bench::rdma::wait_until;
 /// The host end of the VM's Ethernet link (now in `kverbs_tools`, which
 /// kvbench's `linux-vm` transports share).
 pub use kverbs_tools::vm::link::LinkWire;
@@ -847,28 +848,12 @@ pub fn io_spec(io: &Io) -> RequestSpec {
     .timeout(IO_TIMEOUT_SECS)
 }
 
-/// Waits (real time) until `cond` holds, polling every millisecond.
-pub fn wait_until(timeout: Duration, cond: impl Fn() -> bool) -> bool {
-    let start = Instant::now();
-    while !cond() {
-        if start.elapsed() > timeout {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    true
-}
-
 /// A host platform shaped like the full-stack harness's (threaded, two
-/// processors), with a DPC budget that tolerates a loaded two-core host.
+/// processors), with a DPC budget that tolerates a loaded two-core host:
+/// kvbench's, with two processors.
 #[must_use]
 pub fn interop_platform() -> Hp {
-    HostPlatform::with_config(HostConfig {
-        mode: HostMode::Threaded,
-        processors: 2,
-        worker_threads: 2,
-        dpc_budget: Duration::from_secs(2),
-    })
+    bench_platform(2)
 }
 
 /// Sizes drawn log-uniformly from `min..=max` bytes (whole blocks): as
