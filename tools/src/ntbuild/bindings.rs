@@ -402,31 +402,6 @@ fn drop_items(text: &str, names: &[&str]) -> String {
     out
 }
 
-#[cfg(test)]
-mod tests {
-    use super::drop_items;
-
-    #[test]
-    fn drops_the_named_helpers_with_their_attributes_and_impls() {
-        let text = "use x::*;\n\
-                    #[repr(C)]\n\
-                    #[derive(Default)]\n\
-                    pub struct Helper<T> {\n    storage: T,\n}\n\
-                    #[repr(C)]\n\
-                    pub struct Kept<T>(T);\n\
-                    impl<T> Helper<T>\nwhere\n    T: Copy,\n{\n    fn f() {}\n}\n\
-                    impl<T> ::core::marker::Copy for Helper<T> {}\n\
-                    impl<T> Kept<T> {\n    fn g(_: Helper<T>) {}\n}\n\
-                    pub struct Helpers;\n";
-        assert_eq!(
-            drop_items(text, &["Helper"]),
-            "use x::*;\n#[repr(C)]\npub struct Kept<T>(T);\n\
-             impl<T> Kept<T> {\n    fn g(_: Helper<T>) {}\n}\npub struct Helpers;\n"
-        );
-        assert_eq!(drop_items(text, &[]), text);
-    }
-}
-
 /// clang's resource directory (its builtin headers), from `clang` itself.
 fn clang_resource_dir() -> Result<PathBuf> {
     let out = std::process::Command::new("clang")
@@ -464,4 +439,29 @@ pub fn run(root: &Path, include: &Path, check: bool) -> Result<Vec<PathBuf>> {
         written.push(out);
     }
     Ok(written)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::drop_items;
+
+    #[test]
+    fn drops_the_named_helpers_with_their_attributes_and_impls() {
+        let text = "use x::*;\n\
+                    #[repr(C)]\n\
+                    #[derive(Default)]\n\
+                    pub struct Helper<T> {\n    storage: T,\n}\n\
+                    #[repr(C)]\n\
+                    pub struct Kept<T>(T);\n\
+                    impl<T> Helper<T>\nwhere\n    T: Copy,\n{\n    fn f() {}\n}\n\
+                    impl<T> ::core::marker::Copy for Helper<T> {}\n\
+                    impl<T> Kept<T> {\n    fn g(_: Helper<T>) {}\n}\n\
+                    pub struct Helpers;\n";
+        assert_eq!(
+            drop_items(text, &["Helper"]),
+            "use x::*;\n#[repr(C)]\npub struct Kept<T>(T);\n\
+             impl<T> Kept<T> {\n    fn g(_: Helper<T>) {}\n}\npub struct Helpers;\n"
+        );
+        assert_eq!(drop_items(text, &[]), text);
+    }
 }
