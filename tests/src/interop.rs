@@ -24,15 +24,12 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use hca_lowlevel::sim::{
-    ExecMode, Fabric, FabricConfig, HcaConfig, LinkConfig, LinkStats, SoftHca,
-};
-use hca_lowlevel::wire::EthernetAddress;
-use kverbs::cm::{CmError, CmPort, CmPortConfig};
-use kverbs::device::{Device, DeviceConfig};
-use kverbs::hostdev::VerifiedHca;
+use hca_lowlevel::sim::{Fabric, LinkStats, SoftHca};
+use kverbs::cm::{CmError, CmPort};
+use kverbs::device::Device;
 use kverbs::irql::Passive;
-use kverbs::platform::host::{HostConfig, HostMode, HostPlatform};
+use kverbs_tools::bench::linux_vm::vm_initiator_hca;
+use kverbs_tools::bench::rdma::{InitiatorHca, adapter_config, bench_platform};
 use kverbs_tools::vm::{TargetInfo, Vm};
 use storport_srp::iscsi::description::TargetDescription;
 use storport_srp::iser::{IserConfig, IserStats, IserTransport};
@@ -43,12 +40,14 @@ use storport_srp::srp::{AdapterShape, SrpConfig, SrpTransport, TargetStats};
 use storport_srp::storport::host::{
     HostPort, ModelConfig, RequestOutcome, RequestSpec, RequestState, SgShape, StorPortModel,
 };
-use storport_srp::storport::{Address, SrbStatus};
+use storport_srp::storport::{Address, SrbFunction, SrbStatus};
 
 use crate::{Hp, Io, IoDone, Op, SetupError, cdb_bytes, first_difference, rw_cdb};
 use storport_srp::scsi::cdb::{CdbRepr, InquiryCdb, ReadCapacity16Cdb, ReportLunsCdb};
 use storport_srp::scsi::sense::{AdditionalSense, SenseKey, SenseRepr};
 
+/// Waits (real time) until a condition holds (kvbench's, shared).
+pub use kverbs_tools::bench::rdma::wait_until;
 /// The host end of the VM's Ethernet link (now in `kverbs_tools`, which
 /// kvbench's `linux-vm` transports share).
 pub use kverbs_tools::vm::link::LinkWire;
@@ -198,31 +197,42 @@ pub trait InteropEngine: Transport {
 
     /// Connections built and not yet released.
     fn connections(&self, p: &Passive<'_>) -> usize;
+
+    /// Logins that succeeded (reconnects included), from `stats`.
+    fn logins(stats: &Self::Stats) -> u64;
+
+    /// Sessions lost to a transport failure, from `stats`.
+    fn transport_failures(stats: &Self::Stats) -> u64;
 }
 
-impl InteropEngine for SrpTransport<Hp> {
-    type Stats = TargetStats;
+/// Implements [`InteropEngine`] for engines whose inherent
+/// `target_stats`/`open_connections` and whose counters' `logins`/
+/// `transport_failures` already answer it (both do, by the same names).
+macro_rules! interop_engine {
+    ($($engine:ty => $stats:ty),+ $(,)?) => {$(
+        impl InteropEngine for $engine {
+            type Stats = $stats;
 
-    fn stats_of(&self, target: u8, p: &Passive<'_>) -> Option<TargetStats> {
-        self.target_stats(target, p)
-    }
+            fn stats_of(&self, target: u8, p: &Passive<'_>) -> Option<$stats> {
+                self.target_stats(target, p)
+            }
 
-    fn connections(&self, p: &Passive<'_>) -> usize {
-        self.open_connections(p)
-    }
+            fn connections(&self, p: &Passive<'_>) -> usize {
+                self.open_connections(p)
+            }
+
+            fn logins(stats: &$stats) -> u64 {
+                stats.logins
+            }
+
+            fn transport_failures(stats: &$stats) -> u64 {
+                stats.transport_failures
+            }
+        }
+    )+};
 }
 
-impl InteropEngine for IserTransport<Hp> {
-    type Stats = IserStats;
-
-    fn stats_of(&self, target: u8, p: &Passive<'_>) -> Option<IserStats> {
-        self.target_stats(target, p)
-    }
-
-    fn connections(&self, p: &Passive<'_>) -> usize {
-        self.open_connections(p)
-    }
-}
+interop_engine!(SrpTransport<Hp> => TargetStats, IserTransport<Hp> => IserStats);
 
 /// How to build an [`Interop`].
 #[derive(Debug, Clone)]
@@ -251,16 +261,7 @@ impl Default for InteropConfig {
     fn default() -> Self {
         InteropConfig {
             keys: String::new(),
-            srp: SrpConfig {
-                timeouts: storport_srp::srp::params::Timeouts::new(
-                    Some(Duration::from_secs(1)),
-                    Some(Duration::from_secs(10)),
-                    Some(Duration::from_secs(120)),
-                )
-                .unwrap_or_default(),
-                tmf_timeout: Duration::from_secs(20),
-                ..SrpConfig::default()
-            },
+            srp: kverbs_tools::vm::link::tcg_srp_config(),
             iser: IserConfig::default(),
             model: ModelConfig {
                 max_requests: 65536,
@@ -320,69 +321,28 @@ pub fn isert_node_record(info: &TargetInfo, keys: &str) -> Result<String, SetupE
         .map_err(|e| SetupError(e.to_string()))
 }
 
-/// The initiator's HCA on the VM's link with its device and CM port: what
-/// both engines run on.
-struct LinkedHca {
-    fabric: Fabric,
-    initiator: Arc<SoftHca>,
-    device: Device<Hp>,
-    cm: CmPort<Hp>,
-}
-
 fn setup_err(what: &str, e: &dyn std::fmt::Debug) -> SetupError {
     SetupError(format!("{what}: {e:?}"))
 }
 
-impl LinkedHca {
-    fn new(
-        platform: &Hp,
-        info: &TargetInfo,
-        wire: &Arc<LinkWire>,
-        config: &InteropConfig,
-        p: &Passive<'_>,
-    ) -> Result<Self, SetupError> {
-        let fabric = Fabric::new(FabricConfig {
-            mode: ExecMode::Thread,
-            seed: 1,
-        });
-        let mut link = LinkConfig::new(EthernetAddress(info.host_mac.0));
-        link.pcap.clone_from(&config.pcap);
-        let initiator = fabric
-            .add_hca_on_link(
-                HcaConfig {
-                    mem_limit: config.initiator_memory,
-                    ..HcaConfig::new(info.host_ip.octets())
-                },
-                link,
-                wire.clone(),
-            )
-            .map_err(|e| setup_err("initiator HCA on the link", &e))?;
-        let device = Device::open(
-            platform,
-            VerifiedHca::new(initiator.clone()),
-            DeviceConfig::default(),
-            p,
-        )
-        .map_err(|e| setup_err("initiator device", &e))?;
-        let cm = CmPort::create(
-            &device,
-            1,
-            CmPortConfig {
-                cm: kverbs_tools::vm::link::tcg_cm_config(),
-                recv_buffers: 64,
-                send_buffers: 64,
-                trace: None,
-            },
-            p,
-        )
-        .map_err(|e| setup_err("initiator CM", &e))?;
-        Ok(LinkedHca {
-            fabric,
-            initiator,
-            device,
-            cm,
-        })
-    }
+/// The initiator's HCA on the VM's link with its device and CM port, as
+/// kvbench's `linux-vm` transports build it: what both engines run on.
+fn linked_hca(
+    platform: &Hp,
+    info: &TargetInfo,
+    wire: &Arc<LinkWire>,
+    config: &InteropConfig,
+    p: &Passive<'_>,
+) -> Result<InitiatorHca, SetupError> {
+    vm_initiator_hca(
+        platform,
+        info,
+        wire.clone(),
+        config.initiator_memory,
+        config.pcap.clone(),
+        p,
+    )
+    .map_err(|e| SetupError(e.to_string()))
 }
 
 impl Interop<SrpTransport<Hp>> {
@@ -399,7 +359,7 @@ impl Interop<SrpTransport<Hp>> {
         config: &InteropConfig,
         p: &Passive<'_>,
     ) -> Result<Self, SetupError> {
-        let hca = LinkedHca::new(&platform, info, &wire, config, p)?;
+        let hca = linked_hca(&platform, info, &wire, config, p)?;
         let add_target = srpt_add_target(info, &config.keys)?;
         let params = parse_add_target(add_target.as_bytes())
             .map_err(|e| setup_err(&format!("add_target {add_target:?}"), &e))?;
@@ -439,7 +399,7 @@ impl Interop<IserTransport<Hp>> {
         config: &InteropConfig,
         p: &Passive<'_>,
     ) -> Result<Self, SetupError> {
-        let hca = LinkedHca::new(&platform, info, &wire, config, p)?;
+        let hca = linked_hca(&platform, info, &wire, config, p)?;
         let record = isert_node_record(info, &config.keys)?;
         let desc = TargetDescription::parse(&record)
             .map_err(|e| SetupError(format!("node record {record:?}: {e}")))?;
@@ -474,7 +434,7 @@ impl<T: InteropEngine> Interop<T> {
     #[expect(clippy::too_many_arguments, reason = "the stack's parts")]
     fn assemble(
         platform: Hp,
-        hca: LinkedHca,
+        hca: InitiatorHca,
         wire: Arc<LinkWire>,
         shape: AdapterShape,
         make_transport: TransportFactory<T>,
@@ -482,14 +442,7 @@ impl<T: InteropEngine> Interop<T> {
         config: &InteropConfig,
         p: &Passive<'_>,
     ) -> Result<Self, SetupError> {
-        let adapter = AdapterConfig {
-            targets: 1,
-            luns_per_target: config.luns_per_target,
-            max_io: shape.max_io.clamp(1, 4096),
-            max_io_per_lun: shape.max_io_per_lun.clamp(1, 4096),
-            max_transfer_bytes: shape.max_transfer_bytes,
-            physical_breaks: shape.physical_breaks,
-        };
+        let adapter = adapter_config(&shape, 1, config.luns_per_target);
         let mut model = StorPortModel::with_memory(
             &platform,
             config.model.clone(),
@@ -503,7 +456,7 @@ impl<T: InteropEngine> Interop<T> {
         model
             .start(&context, p)
             .map_err(|e| setup_err("find_adapter", &e))?;
-        let LinkedHca {
+        let InitiatorHca {
             fabric,
             initiator,
             device,
@@ -895,28 +848,12 @@ pub fn io_spec(io: &Io) -> RequestSpec {
     .timeout(IO_TIMEOUT_SECS)
 }
 
-/// Waits (real time) until `cond` holds, polling every millisecond.
-pub fn wait_until(timeout: Duration, cond: impl Fn() -> bool) -> bool {
-    let start = Instant::now();
-    while !cond() {
-        if start.elapsed() > timeout {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    true
-}
-
 /// A host platform shaped like the full-stack harness's (threaded, two
-/// processors), with a DPC budget that tolerates a loaded two-core host.
+/// processors), with a DPC budget that tolerates a loaded two-core host:
+/// kvbench's, with two processors.
 #[must_use]
 pub fn interop_platform() -> Hp {
-    HostPlatform::with_config(HostConfig {
-        mode: HostMode::Threaded,
-        processors: 2,
-        worker_threads: 2,
-        dpc_budget: Duration::from_secs(2),
-    })
+    bench_platform(2)
 }
 
 /// Sizes drawn log-uniformly from `min..=max` bytes (whole blocks): as
@@ -1202,6 +1139,358 @@ impl<T: InteropEngine> Interop<T> {
         }
         let done = self.run_ios(&rewrite, 16, shadows, Duration::from_secs(300), p);
         all_succeeded(&done, "rewrite");
+    }
+}
+
+/// The kernel log lines of the Linux targets and Soft-RoCE (the evidence
+/// when something fails).
+pub fn target_log(vm: &Vm) -> String {
+    exec(
+        vm,
+        "dmesg | grep -i -E 'srpt|isert|iscsi|rxe|target' | tail -40 || true",
+    )
+}
+
+/// What the ABORT TASK rounds of [`Interop::abort_queued_tasks`] found.
+#[derive(Debug, Default)]
+pub struct AbortTally {
+    /// Aborts answered SUCCESS: the victim ended ABORTED, no data moved.
+    pub aborted: usize,
+    /// Aborts answered ABORT_FAILED: the victim finished first (or an
+    /// escalation reset it).
+    pub too_late: usize,
+    /// The operations of the aborted victims.
+    pub aborted_ops: Vec<Op>,
+    /// The operations of the victims the abort came too late for.
+    pub late_ops: Vec<Op>,
+}
+
+/// What a short target outage did (see [`Interop::short_outage`]).
+#[derive(Debug)]
+pub struct ShortOutage<S> {
+    /// The engine's counters before the outage.
+    pub before: S,
+    /// From disabling the TPG to the engine seeing the session gone.
+    pub lost_after: Duration,
+    /// The engine's counters when it saw the session gone.
+    pub at_loss: S,
+    /// I/Os submitted during the outage.
+    pub submitted_during: usize,
+    /// Of those, how many were still held 3 s later.
+    pub held: usize,
+    /// The engine's counters just before the TPG was enabled again.
+    pub before_enable: S,
+    /// From enabling the TPG to the target being live again.
+    pub back_after: Duration,
+    /// How the I/Os in flight at the drop ended.
+    pub in_flight: HashMap<SrbStatus, usize>,
+    /// How the I/Os submitted during the outage ended.
+    pub during: HashMap<SrbStatus, usize>,
+}
+
+/// What an outage past fast-fail did (see [`Interop::outage_past_fast_fail`]).
+#[derive(Debug)]
+pub struct LongOutage {
+    /// From disabling the TPG to every I/O submitted during it completing.
+    pub failed_after_drop: Duration,
+    /// From submitting those I/Os to all of them completing.
+    pub failed_after_submit: Duration,
+    /// I/Os submitted during the outage.
+    pub submitted: usize,
+    /// How they ended.
+    pub outcomes: HashMap<SrbStatus, usize>,
+    /// The target's state once they had ended (before re-enabling).
+    pub state_when_failed: TargetState,
+}
+
+/// The phases both interop tests (SRP against `ib_srpt`, iSER against
+/// LIO's isert) run the same way: ABORT TASK, LUN RESET, the target
+/// dropping the session. Each asserts what holds for either engine; the
+/// tests add what is particular to theirs.
+impl<T: InteropEngine> Interop<T> {
+    /// ABORT TASK of commands still queued at the target: 12 MiB of
+    /// 512 KiB writes and reads queued at once on LUN 1, the last four
+    /// aborted at once. Under TCG the target is still busy with the first
+    /// ones, so the victims are still queued there. Each abort must be
+    /// answered exactly once and agree with its victim's outcome: SUCCESS
+    /// with the victim ABORTED and no data, or ABORT_FAILED with the victim
+    /// finished on its own — or reset (BUS_RESET) by the engine escalating
+    /// a TMF that timed out, which `escalated` reads from the engine's
+    /// counters. Up to three rounds, until one abort found its victim.
+    ///
+    /// # Panics
+    /// When an abort and its victim disagree, or no round aborted anything.
+    pub fn abort_queued_tasks(
+        &self,
+        rng: &mut fastrand::Rng,
+        shadows: &mut BTreeMap<u8, ShadowDisk>,
+        escalated: impl Fn(&T::Stats) -> bool,
+        rec: &mut Record,
+        p: &Passive<'_>,
+    ) -> AbortTally {
+        let mut tally = AbortTally::default();
+        for round in 0..3 {
+            let ios = stripes(rng, &shadows[&1], 1, 24, 512 << 10);
+            let ids = self.submit_all(&ios, p);
+            let victims: Vec<u32> = ids[20..].to_vec();
+            let aborts: Vec<u32> = victims
+                .iter()
+                .map(|v| self.submit(&RequestSpec::abort(Address::new(0, 0, 1), *v), p))
+                .collect();
+            let out = self.wait(&aborts, Duration::from_secs(120), p);
+            self.wait(&ids, Duration::from_secs(120), p);
+            for ((o, v), io) in out.iter().zip(&victims).zip(&ios[20..]) {
+                assert_eq!(o.completions, 1, "abort: {o:?}");
+                let victim = self
+                    .model
+                    .outcome(*v)
+                    .unwrap_or_else(|| panic!("no victim {v}"));
+                match o.status.base() {
+                    SrbStatus::SUCCESS => {
+                        tally.aborted += 1;
+                        tally.aborted_ops.push(io.op);
+                        assert_eq!(victim.status.base(), SrbStatus::ABORTED, "{victim:?}");
+                        assert_eq!(victim.data_transfer_length, 0, "{victim:?}");
+                    }
+                    SrbStatus::ABORT_FAILED => {
+                        tally.too_late += 1;
+                        tally.late_ops.push(io.op);
+                        let st = self.stats(p);
+                        let reset_by_escalation =
+                            escalated(&st) && victim.status.base() == SrbStatus::BUS_RESET;
+                        assert!(
+                            victim.status.base() == SrbStatus::SUCCESS || reset_by_escalation,
+                            "abort failed, victim {victim:?}; engine {st:?}"
+                        );
+                    }
+                    _ => panic!("abort: {o:?} (victim {victim:?})"),
+                }
+            }
+            let by_status = self.settle_into_shadows(&ios, &ids, shadows);
+            rec.note(format!("abort round {round}: I/O outcomes {by_status:?}"));
+            if tally.aborted > 0 {
+                break;
+            }
+        }
+        assert!(
+            tally.aborted > 0,
+            "no ABORT TASK found its command still queued at the target"
+        );
+        tally
+    }
+
+    /// LUN RESET with 24 MiB (1 MiB each) in flight on LUN 0: reported
+    /// (once, SUCCESS) after every command of the LUN completed, each
+    /// truthfully; the next command sees the target's unit attention for
+    /// the reset (or none), then the LUN works. Returns the I/O count,
+    /// their outcomes and the unit attentions.
+    ///
+    /// # Panics
+    /// When any of that does not hold.
+    pub fn lun_reset_during_io(
+        &self,
+        rng: &mut fastrand::Rng,
+        shadows: &mut BTreeMap<u8, ShadowDisk>,
+        p: &Passive<'_>,
+    ) -> (usize, HashMap<SrbStatus, usize>, Vec<AdditionalSense>) {
+        let ios = stripes(rng, &shadows[&0], 0, 24, MIB);
+        let ids = self.submit_all(&ios, p);
+        std::thread::sleep(Duration::from_millis(20));
+        let reset = self.submit(
+            &RequestSpec::function(SrbFunction::ResetLogicalUnit, Address::new(0, 0, 0)),
+            p,
+        );
+        assert!(
+            wait_until(Duration::from_secs(120), || self.done(reset)),
+            "LUN reset not done: {:?}",
+            self.stats(p)
+        );
+        assert!(
+            ids.iter().all(|id| self.done(*id)),
+            "a LUN command outlived its reset"
+        );
+        let o = self
+            .model
+            .outcome(reset)
+            .unwrap_or_else(|| panic!("no reset request {reset}"));
+        assert_eq!(o.status.base(), SrbStatus::SUCCESS, "LUN reset: {o:?}");
+        assert_eq!(o.completions, 1, "{o:?}");
+        let by_status = self.settle_into_shadows(&ios, &ids, shadows);
+        for st in by_status.keys() {
+            assert!(
+                [SrbStatus::SUCCESS, SrbStatus::BUS_RESET, SrbStatus::ABORTED].contains(st),
+                "after a LUN reset: {by_status:?}"
+            );
+        }
+        let (o, _, uas) = command_in_ua(self, 0, |s, l, p| s.read_capacity(l, p), p);
+        assert_eq!(o.status.base(), SrbStatus::SUCCESS, "{o:?}");
+        (ios.len(), by_status, uas)
+    }
+
+    /// A short outage: the TPG at `tpg` (its configfs directory in `vm`) is
+    /// disabled with 4 MiB in flight on LUN 0, 512 KiB more is submitted
+    /// to LUN 1 during the outage, and after 3 s the TPG is enabled again.
+    /// The engine must notice the drop, log in again, and complete the I/O
+    /// truthfully (success, reset, aborted or error); what was submitted
+    /// during the outage must succeed after the reconnect.
+    ///
+    /// # Panics
+    /// When any of that does not hold.
+    pub fn short_outage(
+        &self,
+        rng: &mut fastrand::Rng,
+        shadows: &mut BTreeMap<u8, ShadowDisk>,
+        vm: &Vm,
+        tpg: &str,
+        p: &Passive<'_>,
+    ) -> ShortOutage<T::Stats> {
+        let before = self.stats(p);
+        let ios = stripes(rng, &shadows[&0], 0, 16, 256 << 10);
+        let ids = self.submit_all(&ios, p);
+        let t = Instant::now();
+        exec(vm, &format!("echo 0 > {tpg}/enable"));
+        assert!(
+            wait_until(Duration::from_secs(30), || self.state()
+                != TargetState::Live),
+            "the engine did not notice the target dropping the session: {:?}",
+            self.stats(p)
+        );
+        let lost_after = t.elapsed();
+        let at_loss = self.stats(p);
+        let during = stripes(rng, &shadows[&1], 1, 8, 64 << 10);
+        let during_ids = self.submit_all(&during, p);
+        std::thread::sleep(Duration::from_secs(3));
+        let held = during_ids.iter().filter(|id| !self.done(**id)).count();
+        let before_enable = self.stats(p);
+        exec(vm, &format!("echo 1 > {tpg}/enable"));
+        let t = Instant::now();
+        assert!(
+            self.wait_state(TargetState::Live, Duration::from_secs(60)),
+            "no reconnect: {:?}\n{}",
+            self.stats(p),
+            target_log(vm)
+        );
+        let back_after = t.elapsed();
+        self.wait(&ids, Duration::from_secs(120), p);
+        self.wait(&during_ids, Duration::from_secs(120), p);
+        let a = self.settle_into_shadows(&ios, &ids, shadows);
+        let b = self.settle_into_shadows(&during, &during_ids, shadows);
+        for st in a.keys().chain(b.keys()) {
+            assert!(
+                [
+                    SrbStatus::SUCCESS,
+                    SrbStatus::BUS_RESET,
+                    SrbStatus::ABORTED,
+                    SrbStatus::ERROR
+                ]
+                .contains(st),
+                "short outage: {a:?} {b:?}"
+            );
+        }
+        assert_eq!(
+            b.get(&SrbStatus::SUCCESS).copied().unwrap_or(0),
+            during.len(),
+            "I/O submitted during a short outage completes after the reconnect: {b:?}"
+        );
+        let st = self.stats(p);
+        assert!(T::logins(&st) > T::logins(&before), "{st:?}");
+        assert!(
+            T::transport_failures(&st) > T::transport_failures(&before),
+            "{st:?}"
+        );
+        ShortOutage {
+            before,
+            lost_after,
+            at_loss,
+            submitted_during: during.len(),
+            held,
+            before_enable,
+            back_after,
+            in_flight: a,
+            during: b,
+        }
+    }
+
+    /// An outage past fast-fail: the TPG is disabled, 512 KiB is submitted
+    /// to LUN 1 once the engine saw the session gone, and the TPG stays
+    /// disabled until all of it completed (within 60 s); then it is
+    /// enabled again and the engine must log in again. What the I/O must
+    /// have ended with is the caller's to check.
+    ///
+    /// # Panics
+    /// When the engine misses the drop, the I/O does not complete, or the
+    /// engine does not reconnect.
+    pub fn outage_past_fast_fail(
+        &self,
+        rng: &mut fastrand::Rng,
+        shadows: &mut BTreeMap<u8, ShadowDisk>,
+        vm: &Vm,
+        tpg: &str,
+        p: &Passive<'_>,
+    ) -> LongOutage {
+        // The fast-fail timer starts when the connection is lost, after this.
+        let dropped = Instant::now();
+        exec(vm, &format!("echo 0 > {tpg}/enable"));
+        assert!(wait_until(Duration::from_secs(30), || self.state()
+            != TargetState::Live));
+        let during = stripes(rng, &shadows[&1], 1, 8, 64 << 10);
+        let during_ids = self.submit_all(&during, p);
+        let submitted = Instant::now();
+        self.wait(&during_ids, Duration::from_secs(60), p);
+        let failed_after_submit = submitted.elapsed();
+        let failed_after_drop = dropped.elapsed();
+        let outcomes = self.settle_into_shadows(&during, &during_ids, shadows);
+        let state_when_failed = self.state();
+        exec(vm, &format!("echo 1 > {tpg}/enable"));
+        assert!(
+            self.wait_state(TargetState::Live, Duration::from_secs(60)),
+            "no reconnect after fail-fast: {:?}",
+            self.stats(p)
+        );
+        LongOutage {
+            failed_after_drop,
+            failed_after_submit,
+            submitted: during.len(),
+            outcomes,
+            state_when_failed,
+        }
+    }
+
+    /// After the outages: every LUN read whole and checked, then 64 random
+    /// data-checked I/Os (512 B..256 KiB, half reads, alternating LUNs 0
+    /// and 1, each passed through `adapt`) at depth 16, all of which must
+    /// succeed. Returns how many random I/Os ran.
+    ///
+    /// # Panics
+    /// On a mismatch or a failed I/O.
+    pub fn resume_after_outage(
+        &self,
+        rng: &mut fastrand::Rng,
+        shadows: &mut BTreeMap<u8, ShadowDisk>,
+        adapt: impl Fn(Io) -> Io,
+        p: &Passive<'_>,
+    ) -> usize {
+        self.verify_all(shadows, p);
+        let ios: Vec<Io> = (0..64u8)
+            .flat_map(|i| {
+                let lun = i % 2;
+                let sh = &shadows[&lun];
+                workload(
+                    rng,
+                    1,
+                    lun,
+                    sh.block_len(),
+                    sh.blocks(),
+                    512,
+                    256 << 10,
+                    0.5,
+                )
+            })
+            .map(adapt)
+            .collect();
+        let done = self.run_ios(&ios, 16, shadows, Duration::from_secs(300), p);
+        all_succeeded(&done, "after reconnect");
+        ios.len()
     }
 }
 

@@ -48,7 +48,8 @@ use kverbs::irql::Passive;
 use kverbs::platform::host::VerifierAllocator;
 use kverbs_tests::interop::{
     Interop, InteropConfig, LinkWire, MIB, PcapGuard, Record, ShadowDisk, all_succeeded,
-    command_in_ua, exec, interop_platform, prepared_or_skip, spread, stripes, wait_until, workload,
+    command_in_ua, exec, interop_platform, prepared_or_skip, spread, target_log, wait_until,
+    workload,
 };
 use kverbs_tests::iser::INITIATOR_NAME;
 use kverbs_tests::{Io, Op, env_count};
@@ -56,8 +57,8 @@ use kverbs_tools::vm::{Vm, VmConfig};
 use md5::Digest as _;
 use storport_srp::iser::IserTransport;
 use storport_srp::miniport::transport::TargetState;
-use storport_srp::storport::host::{RequestSpec, SgShape};
-use storport_srp::storport::{Address, SrbFunction, SrbStatus};
+use storport_srp::storport::SrbStatus;
+use storport_srp::storport::host::SgShape;
 
 #[global_allocator]
 static ALLOCATOR: VerifierAllocator = VerifierAllocator;
@@ -78,15 +79,6 @@ const FAST_FAIL_SECS: u64 = 10;
 
 /// The stack with the iSER engine.
 type IserInterop = Interop<IserTransport<kverbs_tests::Hp>>;
-
-/// The kernel log lines of the iSCSI target and isert (the evidence when
-/// something fails).
-fn target_log(vm: &Vm) -> String {
-    exec(
-        vm,
-        "dmesg | grep -i -E 'isert|iscsi|rxe|target' | tail -40 || true",
-    )
-}
 
 #[test]
 fn iser_through_the_miniport_against_linux_isert() {
@@ -613,7 +605,9 @@ fn data_phase(
 /// command had already finished (its SCSI Response went out first). The
 /// core reports the first as SUCCESS with the victim ABORTED, the second
 /// as ABORT_FAILED with the victim's own outcome; each must agree, and
-/// every request must complete exactly once.
+/// every request must complete exactly once. A TMF that timed out
+/// reinstates the session (a transport failure), which may reset a
+/// too-late abort's victim; neither TMF may cost the session otherwise.
 fn tmf_phase(
     s: &IserInterop,
     shadows: &mut BTreeMap<u8, ShadowDisk>,
@@ -622,58 +616,12 @@ fn tmf_phase(
 ) {
     let mut rng = fastrand::Rng::with_seed(0x15e4_0002);
     let before = s.stats(p);
-    // 12 MiB of 512 KiB writes and reads queued at once on the fileio LUN;
-    // the last four aborted at once. Under TCG LIO is still busy with the
-    // first ones, so the victims are still queued there.
-    let (mut aborted, mut too_late) = (0usize, 0usize);
-    let (mut aborted_ops, mut late_ops) = (Vec::new(), Vec::new());
-    for round in 0..3 {
-        let ios = stripes(&mut rng, &shadows[&1], 1, 24, 512 << 10);
-        let ids = s.submit_all(&ios, p);
-        let victims: Vec<u32> = ids[20..].to_vec();
-        let aborts: Vec<u32> = victims
-            .iter()
-            .map(|v| s.submit(&RequestSpec::abort(Address::new(0, 0, 1), *v), p))
-            .collect();
-        let out = s.wait(&aborts, Duration::from_secs(120), p);
-        s.wait(&ids, Duration::from_secs(120), p);
-        for ((o, v), io) in out.iter().zip(&victims).zip(&ios[20..]) {
-            assert_eq!(o.completions, 1, "abort: {o:?}");
-            let victim = s.model.outcome(*v).expect("victim");
-            match o.status.base() {
-                SrbStatus::SUCCESS => {
-                    // FUNCTION COMPLETE: the victim ended aborted, no data.
-                    aborted += 1;
-                    aborted_ops.push(io.op);
-                    assert_eq!(victim.status.base(), SrbStatus::ABORTED, "{victim:?}");
-                    assert_eq!(victim.data_transfer_length, 0, "{victim:?}");
-                }
-                SrbStatus::ABORT_FAILED => {
-                    // TASK DOES NOT EXIST: the victim finished on its own,
-                    // successfully — or the TMF timed out and the session
-                    // was reinstated (the victim then ended by the reset).
-                    too_late += 1;
-                    late_ops.push(io.op);
-                    let st = s.stats(p);
-                    let escalated = st.transport_failures > before.transport_failures
-                        && victim.status.base() == SrbStatus::BUS_RESET;
-                    assert!(
-                        victim.status.base() == SrbStatus::SUCCESS || escalated,
-                        "abort failed, victim {victim:?}; engine {st:?}"
-                    );
-                }
-                _ => panic!("abort: {o:?} (victim {victim:?})"),
-            }
-        }
-        let by_status = s.settle_into_shadows(&ios, &ids, shadows);
-        rec.note(format!("abort round {round}: I/O outcomes {by_status:?}"));
-        if aborted > 0 {
-            break;
-        }
-    }
-    assert!(
-        aborted > 0,
-        "no ABORT TASK found its command still queued at LIO"
+    let tally = s.abort_queued_tasks(
+        &mut rng,
+        shadows,
+        |st| st.transport_failures > before.transport_failures,
+        rec,
+        p,
     );
     let st = s.stats(p);
     assert_eq!(
@@ -681,52 +629,28 @@ fn tmf_phase(
         "an abort cost the session: {st:?}"
     );
     rec.note(format!(
-        "ABORT TASK: {aborted} FUNCTION COMPLETE {aborted_ops:?} (victims ABORTED), \
-         {too_late} ABORT_FAILED, i.e. TASK DOES NOT EXIST {late_ops:?} (victims SUCCESS); TMFs {}",
+        "ABORT TASK: {} FUNCTION COMPLETE {:?} (victims ABORTED), \
+         {} ABORT_FAILED, i.e. TASK DOES NOT EXIST {:?} (victims SUCCESS); TMFs {}",
+        tally.aborted,
+        tally.aborted_ops,
+        tally.too_late,
+        tally.late_ops,
         st.tmfs - before.tmfs
     ));
 
     // LUN RESET with 24 MiB in flight on LUN 0: reported after every
-    // command of the LUN completed, each truthfully.
-    let ios = stripes(&mut rng, &shadows[&0], 0, 24, MIB);
-    let ids = s.submit_all(&ios, p);
-    std::thread::sleep(Duration::from_millis(20));
-    let reset = s.submit(
-        &RequestSpec::function(SrbFunction::ResetLogicalUnit, Address::new(0, 0, 0)),
-        p,
-    );
-    assert!(
-        wait_until(Duration::from_secs(120), || s.done(reset)),
-        "LUN reset not done: {:?}",
-        s.stats(p)
-    );
-    assert!(
-        ids.iter().all(|id| s.done(*id)),
-        "a LUN command outlived its reset"
-    );
-    let o = s.model.outcome(reset).expect("reset");
-    assert_eq!(o.status.base(), SrbStatus::SUCCESS, "LUN reset: {o:?}");
-    assert_eq!(o.completions, 1, "{o:?}");
-    let by_status = s.settle_into_shadows(&ios, &ids, shadows);
-    for st in by_status.keys() {
-        assert!(
-            [SrbStatus::SUCCESS, SrbStatus::BUS_RESET, SrbStatus::ABORTED].contains(st),
-            "after a LUN reset: {by_status:?}"
-        );
-    }
-    // LIO's unit attention for the reset (or none); then the LUN works and
-    // holds what we know.
-    let (o, _, uas) = command_in_ua(s, 0, |s, l, p| s.read_capacity(l, p), p);
-    assert_eq!(o.status.base(), SrbStatus::SUCCESS, "{o:?}");
+    // command of the LUN completed, each truthfully; then LIO's unit
+    // attention for the reset (or none), and the LUN works.
+    let (n, by_status, uas) = s.lun_reset_during_io(&mut rng, shadows, p);
     let st = s.stats(p);
     assert_eq!(
         st.transport_failures, before.transport_failures,
         "the LUN reset cost the session: {st:?}"
     );
     rec.note(format!(
-        "LUN RESET during {} I/Os of 1 MiB: SUCCESS; I/O outcomes {by_status:?}; then unit attentions {uas:?}",
-        ios.len()
+        "LUN RESET during {n} I/Os of 1 MiB: SUCCESS; I/O outcomes {by_status:?}; then unit attentions {uas:?}"
     ));
+    // ... and holds what we know.
     s.verify_all(shadows, p);
     rec.note("after the TMFs: both LUNs read whole and checked against the shadow".into());
 }
@@ -743,63 +667,16 @@ fn reconnect_phase(
     p: &Passive<'_>,
 ) {
     let mut rng = fastrand::Rng::with_seed(0x15e4_0004);
-    let before = s.stats(p);
     // (a) A short outage with I/O in flight and I/O submitted during it:
     // held, then completed after the reconnect (a fresh login).
-    let ios = stripes(&mut rng, &shadows[&0], 0, 16, 256 << 10);
-    let ids = s.submit_all(&ios, p);
-    let t = Instant::now();
-    exec(vm, &format!("echo 0 > {tpg}/enable"));
-    assert!(
-        wait_until(Duration::from_secs(30), || s.state() != TargetState::Live),
-        "the engine did not notice LIO dropping the session: {:?}",
-        s.stats(p)
-    );
-    let lost = t.elapsed();
-    let why = s.stats(p).last_failure;
-    let during = stripes(&mut rng, &shadows[&1], 1, 8, 64 << 10);
-    let during_ids = s.submit_all(&during, p);
-    std::thread::sleep(Duration::from_secs(3));
-    let held = during_ids.iter().filter(|id| !s.done(**id)).count();
-    let refused = s.stats(p).login_failures - before.login_failures;
-    exec(vm, &format!("echo 1 > {tpg}/enable"));
-    let t = Instant::now();
-    assert!(
-        s.wait_state(TargetState::Live, Duration::from_secs(60)),
-        "no reconnect: {:?}\n{}",
-        s.stats(p),
-        target_log(vm)
-    );
-    let back = t.elapsed();
-    s.wait(&ids, Duration::from_secs(120), p);
-    s.wait(&during_ids, Duration::from_secs(120), p);
-    let a = s.settle_into_shadows(&ios, &ids, shadows);
-    let b = s.settle_into_shadows(&during, &during_ids, shadows);
-    for st in a.keys().chain(b.keys()) {
-        assert!(
-            [
-                SrbStatus::SUCCESS,
-                SrbStatus::BUS_RESET,
-                SrbStatus::ABORTED,
-                SrbStatus::ERROR
-            ]
-            .contains(st),
-            "short outage: {a:?} {b:?}"
-        );
-    }
+    let short = s.short_outage(&mut rng, shadows, vm, tpg, p);
+    let why = short.at_loss.last_failure;
+    let refused = short.before_enable.login_failures - short.before.login_failures;
     assert_eq!(
-        held,
-        during.len(),
-        "I/O submitted during a short outage is held, not failed: {b:?}"
+        short.held, short.submitted_during,
+        "I/O submitted during a short outage is held, not failed: {:?}",
+        short.during
     );
-    assert_eq!(
-        b.get(&SrbStatus::SUCCESS).copied().unwrap_or(0),
-        during.len(),
-        "I/O submitted during a short outage completes after the reconnect: {b:?}"
-    );
-    let st = s.stats(p);
-    assert!(st.logins > before.logins, "{st:?}");
-    assert!(st.transport_failures > before.transport_failures, "{st:?}");
     let sessions = exec(vm, &format!("cat {tpg}/dynamic_sessions"));
     assert!(
         sessions.contains(INITIATOR_NAME),
@@ -820,83 +697,57 @@ fn reconnect_phase(
         target_log(vm)
     );
     rec.note(format!(
-        "TPG disabled: session lost after {:.2} s (why {}); {held} of {} I/Os submitted during the \
+        "TPG disabled: session lost after {:.2} s (why {}); {} of {} I/Os submitted during the \
          outage held; {refused} login(s) refused while disabled (LIO: TPG not found \
          {no_tpg}x); logged in again {:.2} s after \
-         re-enable; in flight {a:?}, during {b:?}",
-        lost.as_secs_f64(),
+         re-enable; in flight {:?}, during {:?}",
+        short.lost_after.as_secs_f64(),
         why,
-        during.len(),
-        back.as_secs_f64(),
+        short.held,
+        short.submitted_during,
+        short.back_after.as_secs_f64(),
+        short.in_flight,
+        short.during,
     ));
 
     // (b) An outage past fast-fail (`replacement_timeout`): held I/O fails
     // fast, truthfully, and not before its time.
-    // The fast-fail timer starts when the connection is lost, after this.
-    let t = Instant::now();
-    exec(vm, &format!("echo 0 > {tpg}/enable"));
-    assert!(wait_until(Duration::from_secs(30), || s.state() != TargetState::Live));
-    let during = stripes(&mut rng, &shadows[&1], 1, 8, 64 << 10);
-    let during_ids = s.submit_all(&during, p);
-    s.wait(&during_ids, Duration::from_secs(60), p);
-    let failed_after = t.elapsed();
-    let b = s.settle_into_shadows(&during, &during_ids, shadows);
+    let long = s.outage_past_fast_fail(&mut rng, shadows, vm, tpg, p);
+    let (b, failed_after) = (&long.outcomes, long.failed_after_drop);
     // No target to select: what the core reports once recovery gave the
     // path up for now (multipath's cue), every one of them.
     assert_eq!(
         b.get(&SrbStatus::SELECTION_TIMEOUT).copied(),
-        Some(during.len()),
+        Some(long.submitted),
         "I/O past fast-fail while the target is gone: {b:?}"
     );
     assert!(
         failed_after >= Duration::from_secs(FAST_FAIL_SECS - 1),
         "I/O failed {failed_after:?} after the drop, before fast-fail ({FAST_FAIL_SECS} s): {b:?}"
     );
-    let state = s.state();
-    exec(vm, &format!("echo 1 > {tpg}/enable"));
-    assert!(
-        s.wait_state(TargetState::Live, Duration::from_secs(60)),
-        "no reconnect after fail-fast: {:?}",
-        s.stats(p)
-    );
     rec.note(format!(
-        "TPG disabled past replacement_timeout ({FAST_FAIL_SECS} s): target {state:?}, I/O failed \
+        "TPG disabled past replacement_timeout ({FAST_FAIL_SECS} s): target {:?}, I/O failed \
          {:.1} s after the drop with {b:?}; reconnected after re-enable",
+        long.state_when_failed,
         failed_after.as_secs_f64()
     ));
-    // I/O resumes, and the data is what we know.
-    s.verify_all(shadows, p);
-    let ios: Vec<Io> = (0..64)
-        .flat_map(|i| {
-            let lun = u8::try_from(i % 2).unwrap();
-            let sh = &shadows[&lun];
-            workload(
-                &mut rng,
-                1,
-                lun,
-                sh.block_len(),
-                sh.blocks(),
-                512,
-                256 << 10,
-                0.5,
-            )
-        })
-        .map(|mut io| {
+    // I/O resumes (no `Odd` buffers: the engine refuses them), and the data is
+    // what we know.
+    let n = s.resume_after_outage(
+        &mut rng,
+        shadows,
+        |mut io| {
             if matches!(io.shape, SgShape::Odd { .. }) {
                 io.shape = SgShape::Pages;
             }
             io
-        })
-        .collect();
-    let done = s.run_ios(&ios, 16, shadows, Duration::from_secs(300), p);
-    all_succeeded(&done, "after reconnect");
+        },
+        p,
+    );
     let st = s.stats(p);
     rec.note(format!(
-        "after the outages: both LUNs checked whole, {} random I/Os verified; engine logins {}, \
+        "after the outages: both LUNs checked whole, {n} random I/Os verified; engine logins {}, \
          transport failures {}, login failures {}",
-        ios.len(),
-        st.logins,
-        st.transport_failures,
-        st.login_failures
+        st.logins, st.transport_failures, st.login_failures
     ));
 }

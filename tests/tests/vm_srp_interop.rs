@@ -36,15 +36,14 @@ use kverbs::irql::Passive;
 use kverbs::platform::host::VerifierAllocator;
 use kverbs_tests::interop::{
     Interop, InteropConfig, LinkWire, MIB, PcapGuard, Record, ShadowDisk, all_succeeded,
-    command_in_ua, exec, interop_platform, prepared_or_skip, spread, stripes, wait_until, workload,
+    command_in_ua, exec, interop_platform, prepared_or_skip, spread, wait_until, workload,
 };
 use kverbs_tests::{Io, Op, env_count};
 use kverbs_tools::vm::{Vm, VmConfig};
 use md5::Digest as _;
 use std::sync::Arc;
-use storport_srp::miniport::transport::TargetState;
-use storport_srp::storport::host::{RequestSpec, SgShape};
-use storport_srp::storport::{Address, SrbFunction, SrbStatus};
+use storport_srp::storport::SrbStatus;
+use storport_srp::storport::host::SgShape;
 use storport_srp::wire::srp::MultiChannelResult;
 
 #[global_allocator]
@@ -254,7 +253,7 @@ fn srp_through_the_miniport_against_linux_srpt() {
         // resets the LUN for both nexuses, and nothing the initiator
         // fenced is run afterwards (no transport failure).
         let tmfs_before = s.stats(p).tmfs_sent;
-        let (reset_n, reset_outcomes, reset_uas) = lun_reset_during_io(&s, &mut rng, &mut shadows, p);
+        let (reset_n, reset_outcomes, reset_uas) = s.lun_reset_during_io(&mut rng, &mut shadows, p);
         s.verify_all(&mut shadows, p);
         let st = s.stats(p);
         assert_eq!(st.transport_failures, 0, "{st:?}");
@@ -439,7 +438,9 @@ fn data_phase(
 }
 
 /// ABORT TASK of commands queued behind others, and a LUN RESET during
-/// I/O, through the StorPort model's SRB functions.
+/// I/O, through the StorPort model's SRB functions. A too-late abort's
+/// victim may have been reset when the engine escalated a TMF timeout (a
+/// reconnect).
 fn tmf_phase(
     s: &Interop,
     shadows: &mut BTreeMap<u8, ShadowDisk>,
@@ -447,117 +448,30 @@ fn tmf_phase(
     p: &Passive<'_>,
 ) {
     let mut rng = fastrand::Rng::with_seed(0x5eed_0002);
-    let sent_before = s.stats(p).tmfs_sent;
-    let timeouts_before = s.stats(p).tmf_timeouts;
-    // ABORT TASK: 12 MiB of writes and reads (512 KiB each) queued at once on the fileio
-    // LUN; the last four are aborted at once. The target is still busy
-    // with the first ones (under TCG by a wide margin), so the victims are
-    // still queued there; each abort must be answered and agree with its
-    // victim's outcome.
-    let mut aborted = 0;
-    let mut abort_failed = 0;
-    let (mut aborted_ops, mut late_ops) = (Vec::new(), Vec::new());
-    for round in 0..3 {
-        let ios = stripes(&mut rng, &shadows[&1], 1, 24, 512 << 10);
-        let ids = s.submit_all(&ios, p);
-        let victims: Vec<u32> = ids[20..].to_vec();
-        let aborts: Vec<u32> = victims
-            .iter()
-            .map(|v| s.submit(&RequestSpec::abort(Address::new(0, 0, 1), *v), p))
-            .collect();
-        let out = s.wait(&aborts, Duration::from_secs(120), p);
-        s.wait(&ids, Duration::from_secs(120), p);
-        for ((o, v), io) in out.iter().zip(&victims).zip(&ios[20..]) {
-            let victim = s.model.outcome(*v).unwrap();
-            match o.status.base() {
-                SrbStatus::SUCCESS => {
-                    aborted += 1;
-                    aborted_ops.push(io.op);
-                    assert_eq!(victim.status.base(), SrbStatus::ABORTED, "{victim:?}");
-                    assert_eq!(victim.data_transfer_length, 0, "{victim:?}");
-                }
-                SrbStatus::ABORT_FAILED => {
-                    abort_failed += 1;
-                    late_ops.push(io.op);
-                    // Too late: the victim finished on its own — or the
-                    // target took longer than the TMF timeout, and the
-                    // engine's escalation (a reconnect) reset it.
-                    let st = s.stats(p);
-                    let escalated = st.tmf_timeouts > timeouts_before
-                        && victim.status.base() == SrbStatus::BUS_RESET;
-                    assert!(
-                        victim.status.base() == SrbStatus::SUCCESS || escalated,
-                        "{victim:?} {st:?}"
-                    );
-                }
-                _ => panic!("abort: {o:?} (victim {victim:?})"),
-            }
-        }
-        let by_status = s.settle_into_shadows(&ios, &ids, shadows);
-        rec.note(format!("abort round {round}: outcomes {by_status:?}"));
-        if aborted > 0 {
-            break;
-        }
-    }
-    assert!(
-        aborted > 0,
-        "no abort found its command queued at the target"
+    let before = s.stats(p);
+    let tally = s.abort_queued_tasks(
+        &mut rng,
+        shadows,
+        |st| st.tmf_timeouts > before.tmf_timeouts,
+        rec,
+        p,
     );
     let st = s.stats(p);
     rec.note(format!(
-        "ABORT TASK: {aborted} aborted {aborted_ops:?}, {abort_failed} too late {late_ops:?}; TMFs sent {}, timed out {}",
-        st.tmfs_sent - sent_before,
-        st.tmf_timeouts - timeouts_before
+        "ABORT TASK: {} aborted {:?}, {} too late {:?}; TMFs sent {}, timed out {}",
+        tally.aborted,
+        tally.aborted_ops,
+        tally.too_late,
+        tally.late_ops,
+        st.tmfs_sent - before.tmfs_sent,
+        st.tmf_timeouts - before.tmf_timeouts
     ));
 
-    let (n, by_status, uas) = lun_reset_during_io(s, &mut rng, shadows, p);
+    let (n, by_status, uas) = s.lun_reset_during_io(&mut rng, shadows, p);
     rec.note(format!(
         "LUN RESET during {n} I/Os: SUCCESS; I/O outcomes {by_status:?}; then unit attentions {uas:?}"
     ));
     s.verify_all(shadows, p);
-}
-
-/// LUN RESET during I/O on LUN 0: reported after every command of the
-/// LUN completed; they completed truthfully; the next command sees LIO's
-/// unit attention for the reset (or none), then the LUN works. Returns the
-/// I/O count, their outcomes and the unit attentions.
-fn lun_reset_during_io(
-    s: &Interop,
-    rng: &mut fastrand::Rng,
-    shadows: &mut BTreeMap<u8, ShadowDisk>,
-    p: &Passive<'_>,
-) -> (
-    usize,
-    std::collections::HashMap<SrbStatus, usize>,
-    Vec<storport_srp::scsi::AdditionalSense>,
-) {
-    let ios = stripes(rng, &shadows[&0], 0, 24, MIB);
-    let ids = s.submit_all(&ios, p);
-    std::thread::sleep(Duration::from_millis(20));
-    let reset = s.submit(
-        &RequestSpec::function(SrbFunction::ResetLogicalUnit, Address::new(0, 0, 0)),
-        p,
-    );
-    assert!(
-        wait_until(Duration::from_secs(120), || s.done(reset)),
-        "reset not done"
-    );
-    assert!(
-        ids.iter().all(|id| s.done(*id)),
-        "a LUN command outlived its reset"
-    );
-    let o = s.model.outcome(reset).unwrap();
-    assert_eq!(o.status.base(), SrbStatus::SUCCESS, "LUN reset: {o:?}");
-    let by_status = s.settle_into_shadows(&ios, &ids, shadows);
-    for st in by_status.keys() {
-        assert!(
-            [SrbStatus::SUCCESS, SrbStatus::BUS_RESET, SrbStatus::ABORTED].contains(st),
-            "after a LUN reset: {by_status:?}"
-        );
-    }
-    let (o, _, uas) = command_in_ua(s, 0, |s, l, p| s.read_capacity(l, p), p);
-    assert_eq!(o.status.base(), SrbStatus::SUCCESS, "{o:?}");
-    (ios.len(), by_status, uas)
 }
 
 /// The target drops the session: the TPG is disabled in configfs (srpt
@@ -572,104 +486,33 @@ fn reconnect_phase(
     p: &Passive<'_>,
 ) {
     let mut rng = fastrand::Rng::with_seed(0x5eed_0004);
-    let before = s.stats(p);
     // (a) A short outage with I/O in flight and I/O submitted during it:
     // held, then completed after the reconnect.
-    let ios = stripes(&mut rng, &shadows[&0], 0, 16, 256 << 10);
-    let ids = s.submit_all(&ios, p);
-    let t = Instant::now();
-    exec(vm, &format!("echo 0 > {tpg}/enable"));
-    assert!(
-        wait_until(Duration::from_secs(30), || s.state() != TargetState::Live),
-        "the engine did not notice the target dropping the session"
-    );
-    let lost = t.elapsed();
-    let during = stripes(&mut rng, &shadows[&1], 1, 8, 64 << 10);
-    let during_ids = s.submit_all(&during, p);
-    std::thread::sleep(Duration::from_secs(3));
-    let held = during_ids.iter().filter(|id| !s.done(**id)).count();
-    exec(vm, &format!("echo 1 > {tpg}/enable"));
-    let t = Instant::now();
-    assert!(
-        s.wait_state(TargetState::Live, Duration::from_secs(60)),
-        "no reconnect: {:?}",
-        s.stats(p)
-    );
-    let back = t.elapsed();
-    s.wait(&ids, Duration::from_secs(120), p);
-    s.wait(&during_ids, Duration::from_secs(120), p);
-    let a = s.settle_into_shadows(&ios, &ids, shadows);
-    let b = s.settle_into_shadows(&during, &during_ids, shadows);
-    for st in a.keys().chain(b.keys()) {
-        assert!(
-            [
-                SrbStatus::SUCCESS,
-                SrbStatus::BUS_RESET,
-                SrbStatus::ABORTED,
-                SrbStatus::ERROR
-            ]
-            .contains(st),
-            "short outage: {a:?} {b:?}"
-        );
-    }
-    assert_eq!(
-        b.get(&SrbStatus::SUCCESS).copied().unwrap_or(0),
-        during.len(),
-        "I/O submitted during a short outage completes after the reconnect: {b:?}"
-    );
-    let st = s.stats(p);
-    assert!(st.logins > before.logins, "{st:?}");
-    assert!(st.transport_failures > before.transport_failures, "{st:?}");
+    let short = s.short_outage(&mut rng, shadows, vm, tpg, p);
     rec.note(format!(
-        "TPG disabled: session lost after {:.2} s; {held} of {} I/Os held during the outage; reconnected {:.2} s after re-enable; in flight {a:?}, during {b:?}; failure code {:#x}",
-        lost.as_secs_f64(),
-        during.len(),
-        back.as_secs_f64(),
-        st.last_transport_failure
+        "TPG disabled: session lost after {:.2} s; {} of {} I/Os held during the outage; reconnected {:.2} s after re-enable; in flight {:?}, during {:?}; failure code {:#x}",
+        short.lost_after.as_secs_f64(),
+        short.held,
+        short.submitted_during,
+        short.back_after.as_secs_f64(),
+        short.in_flight,
+        short.during,
+        s.stats(p).last_transport_failure
     ));
 
     // (b) An outage past fast_io_fail_tmo: held I/O fails fast, truthfully.
-    exec(vm, &format!("echo 0 > {tpg}/enable"));
-    assert!(wait_until(Duration::from_secs(30), || s.state() != TargetState::Live));
-    let during = stripes(&mut rng, &shadows[&1], 1, 8, 64 << 10);
-    let during_ids = s.submit_all(&during, p);
-    let t = Instant::now();
-    s.wait(&during_ids, Duration::from_secs(60), p);
-    let failed_after = t.elapsed();
-    let b = s.settle_into_shadows(&during, &during_ids, shadows);
+    let long = s.outage_past_fast_fail(&mut rng, shadows, vm, tpg, p);
     assert_eq!(
-        b.get(&SrbStatus::SUCCESS),
+        long.outcomes.get(&SrbStatus::SUCCESS),
         None,
-        "success while the target is gone: {b:?}"
-    );
-    exec(vm, &format!("echo 1 > {tpg}/enable"));
-    assert!(
-        s.wait_state(TargetState::Live, Duration::from_secs(60)),
-        "no reconnect after fail-fast: {:?}",
-        s.stats(p)
+        "success while the target is gone: {:?}",
+        long.outcomes
     );
     rec.note(format!(
-        "TPG disabled past fast_io_fail_tmo: I/O failed after {:.1} s with {b:?}; reconnected",
-        failed_after.as_secs_f64()
+        "TPG disabled past fast_io_fail_tmo: I/O failed after {:.1} s with {:?}; reconnected",
+        long.failed_after_submit.as_secs_f64(),
+        long.outcomes
     ));
     // I/O resumes, and the data is what we know.
-    s.verify_all(shadows, p);
-    let ios: Vec<Io> = (0..64)
-        .flat_map(|i| {
-            let lun = u8::try_from(i % 2).unwrap();
-            let sh = &shadows[&lun];
-            workload(
-                &mut rng,
-                1,
-                lun,
-                sh.block_len(),
-                sh.blocks(),
-                512,
-                256 << 10,
-                0.5,
-            )
-        })
-        .collect();
-    let done = s.run_ios(&ios, 16, shadows, Duration::from_secs(300), p);
-    all_succeeded(&done, "after reconnect");
+    s.resume_after_outage(&mut rng, shadows, |io| io, p);
 }

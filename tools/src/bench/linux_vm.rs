@@ -25,20 +25,23 @@ use kverbs::irql::Passive;
 use kverbs::platform::host::HostPlatform;
 use storport_srp::iscsi::description::TargetDescription;
 use storport_srp::iser::{IserConfig, IserTransport};
-use storport_srp::srp::params::{Timeouts, parse_add_target};
-use storport_srp::srp::{SrpConfig, SrpTransport};
+use storport_srp::miniport::TransportFactory;
+use storport_srp::srp::params::parse_add_target;
+use storport_srp::srp::{AdapterShape, SrpConfig, SrpTransport};
 use storport_srp::storport::host::SgShape;
 
 use super::backend::BackendError;
 use super::iser::IserMiniport;
 use super::model::{ModelBackend, ModelIdentity};
 use super::rdma::{
-    BenchTarget, InitiatorHca, StackPlan, StartedStack, bench_platform, rdma_backend, start_stack,
-    step_error, wait_until,
+    BenchEngine, BenchTarget, EngineMiniport, InitiatorHca, StackPlan, StartedStack,
+    bench_platform, rdma_backend, start_stack, step_error, wait_until,
 };
 use super::srp::SrpMiniport;
 use crate::scsi_target::BlockSize;
-use crate::vm::link::{LinkWire, isert_node_record, srpt_add_target, tcg_cm_config};
+use crate::vm::link::{
+    LinkWire, isert_node_record, srpt_add_target, tcg_cm_config, tcg_srp_config,
+};
 use crate::vm::{
     Backstore, LunConfig, MAX_LUNS, PrepareOptions, TargetInfo, Vm, VmConfig, VmError, WorkDir,
     log_tail, prepare,
@@ -133,6 +136,25 @@ pub struct VmTarget {
 }
 
 impl VmTarget {
+    /// The booted VM's `protocol` target: its portal group at `tpg`, our
+    /// session shown by `session_marker` in `sessions_file`.
+    fn new(
+        booted: Booted,
+        protocol: VmProtocol,
+        tpg: String,
+        sessions_file: String,
+        session_marker: String,
+    ) -> Self {
+        Self {
+            vm: booted.vm,
+            protocol,
+            sessions_file,
+            session_marker,
+            tpg,
+            wire: booted.wire,
+        }
+    }
+
     /// The VM.
     #[must_use]
     pub fn vm(&self) -> &Vm {
@@ -216,6 +238,14 @@ fn protocol_name(protocol: VmProtocol) -> &'static str {
     }
 }
 
+/// The report's target type for `protocol`.
+fn target_type(protocol: VmProtocol) -> &'static str {
+    match protocol {
+        VmProtocol::Srp => "SRP (Linux ib_srpt)",
+        VmProtocol::Iser => "iSER (Linux LIO)",
+    }
+}
+
 /// A booted VM with its link taken.
 struct Booted {
     vm: Vm,
@@ -295,15 +325,43 @@ fn linked_hca(
     booted: &Booted,
     p: &Passive<'_>,
 ) -> Result<InitiatorHca, BackendError> {
-    let link = LinkConfig::new(EthernetAddress(booted.info.host_mac.0));
+    vm_initiator_hca(
+        platform,
+        &booted.info,
+        booted.wire.clone(),
+        INITIATOR_MEMORY,
+        None,
+        p,
+    )
+}
+
+/// The initiator's HCA (with `memory` bytes of memory) alone on the
+/// VM's link `wire`, with the host's MAC and IP as the VM (`info`) knows
+/// them and TCG-friendly CM timing ([`tcg_cm_config`]), every frame
+/// captured to `pcap` if given: what kvbench's `linux-vm` transports and
+/// the interop tests run their engines on.
+///
+/// # Errors
+/// [`BackendError`] if the HCA cannot be put on the link or the device
+/// or the CM port cannot be opened.
+pub fn vm_initiator_hca(
+    platform: &HostPlatform,
+    info: &TargetInfo,
+    wire: Arc<LinkWire>,
+    memory: usize,
+    pcap: Option<std::path::PathBuf>,
+    p: &Passive<'_>,
+) -> Result<InitiatorHca, BackendError> {
+    let mut link = LinkConfig::new(EthernetAddress(info.host_mac.0));
+    link.pcap = pcap;
     InitiatorHca::on_link(
         platform,
         HcaConfig {
-            mem_limit: INITIATOR_MEMORY,
-            ..HcaConfig::new(booted.info.host_ip.octets())
+            mem_limit: memory,
+            ..HcaConfig::new(info.host_ip.octets())
         },
         link,
-        booted.wire.clone(),
+        wire,
         tcg_cm_config(),
         p,
     )
@@ -336,15 +394,35 @@ fn describe(protocol: VmProtocol, info: &TargetInfo, options: &LinuxVmOptions) -
 pub fn linux_vm_srp_backend(
     options: &LinuxVmOptions,
 ) -> Result<ModelBackend<SrpMiniport>, BackendError> {
-    let booted = boot(options, VmProtocol::Srp)?;
+    linux_vm_backend(options, VmProtocol::Srp, build_srp)
+}
+
+/// Puts the initiator with engine `T` on the booted VM's link and logs in
+/// to its target (`build_srp`, `build_iser`).
+type BuildOnVm<T> = fn(
+    &HostPlatform,
+    Booted,
+    &LinuxVmOptions,
+    &Passive<'_>,
+) -> Result<StartedStack<T, VmTarget>, BackendError>;
+
+/// Boots the VM with `protocol`'s target, has `build` put the initiator
+/// with its engine on the link and log in, and wraps the stack as a
+/// benchmark backend; a failure carries the tail of the VM's console.
+fn linux_vm_backend<T: BenchEngine>(
+    options: &LinuxVmOptions,
+    protocol: VmProtocol,
+    build: BuildOnVm<T>,
+) -> Result<ModelBackend<EngineMiniport<T>>, BackendError> {
+    let booted = boot(options, protocol)?;
     let identity = ModelIdentity {
-        target_type: "SRP (Linux ib_srpt)".into(),
-        description: describe(VmProtocol::Srp, &booted.info, options),
+        target_type: target_type(protocol).into(),
+        description: describe(protocol, &booted.info, options),
     };
     let platform = bench_platform(options.processors);
     let console = booted.vm.paths().console_log.clone();
     platform
-        .run_passive(|p| build_srp(&platform, booted, options, p))
+        .run_passive(|p| build(&platform, booted, options, p))
         .and_then(|started| rdma_backend(started, identity, options.sg_shape))
         .map_err(|e| with_console(e, &console))
 }
@@ -371,14 +449,7 @@ fn build_srp(
     // A TCG guest is slow: generous reconnect, loss and command timeouts.
     let srp_config = SrpConfig {
         use_imm_data: options.immediate_data,
-        timeouts: Timeouts::new(
-            Some(Duration::from_secs(1)),
-            Some(Duration::from_secs(10)),
-            Some(Duration::from_secs(120)),
-        )
-        .unwrap_or_default(),
-        tmf_timeout: Duration::from_secs(20),
-        ..SrpConfig::default()
+        ..tcg_srp_config()
     };
     let shape = SrpTransport::<HostPlatform>::adapter_shape(&[params], &srp_config);
     let srpt = booted
@@ -387,33 +458,29 @@ fn build_srp(
         .as_ref()
         .ok_or_else(|| BackendError::new("the VM runs no SRP target"))?;
     let tpg = format!("/sys/kernel/config/target/srpt/{}/tpgt_1", srpt.wwn);
-    let target = VmTarget {
-        // ib_srpt has no session list; LIO's per-LUN statistics of the ACL
-        // name the attached initiator port ("<acl>+i+") while a session
-        // exists and fail with ENODEV when none does.
-        sessions_file: format!("{tpg}/acls/*/lun_0/statistics/scsi_att_intr_port/port_ident"),
-        session_marker: "+i+".to_owned(),
+    // ib_srpt has no session list; LIO's per-LUN statistics of the ACL
+    // name the attached initiator port ("<acl>+i+") while a session exists
+    // and fail with ENODEV when none does.
+    let sessions_file = format!("{tpg}/acls/*/lun_0/statistics/scsi_att_intr_port/port_ident");
+    let target = VmTarget::new(
+        booted,
+        VmProtocol::Srp,
         tpg,
-        vm: booted.vm,
-        protocol: VmProtocol::Srp,
-        wire: booted.wire,
-    };
+        sessions_file,
+        "+i+".to_owned(),
+    );
     let (dev2, cm2) = (hca.device.clone(), hca.cm.clone());
-    start_stack(
+    start_on_vm(
         platform,
-        StackPlan {
-            hca,
-            targets: vec![Some(target)],
-            descriptions: vec![add_target],
-            shape,
-            luns_per_target: options.luns,
-            make_transport: Box::new(move |upcalls, p: &Passive<'_>| {
-                SrpTransport::new(&dev2, &cm2, srp_config, &[params], upcalls, p)
-                    .map_err(|_| kverbs::platform::AllocError)
-            }),
-            target_live: Box::new(poll_session),
-            live_timeout: LIVE_TIMEOUT,
-        },
+        hca,
+        target,
+        add_target,
+        shape,
+        options,
+        Box::new(move |upcalls, p: &Passive<'_>| {
+            SrpTransport::new(&dev2, &cm2, srp_config, &[params], upcalls, p)
+                .map_err(|_| kverbs::platform::AllocError)
+        }),
         p,
     )
 }
@@ -433,17 +500,7 @@ pub fn linux_vm_iser_backend(
              gaps inside a page run: use contiguous or pages",
         ));
     }
-    let booted = boot(options, VmProtocol::Iser)?;
-    let identity = ModelIdentity {
-        target_type: "iSER (Linux LIO)".into(),
-        description: describe(VmProtocol::Iser, &booted.info, options),
-    };
-    let platform = bench_platform(options.processors);
-    let console = booted.vm.paths().console_log.clone();
-    platform
-        .run_passive(|p| build_iser(&platform, booted, options, p))
-        .and_then(|started| rdma_backend(started, identity, options.sg_shape))
-        .map_err(|e| with_console(e, &console))
+    linux_vm_backend(options, VmProtocol::Iser, build_iser)
 }
 
 fn build_iser(
@@ -474,28 +531,54 @@ fn build_iser(
         .as_ref()
         .ok_or_else(|| BackendError::new("the VM runs no iSER target"))?;
     let tpg = format!("/sys/kernel/config/target/iscsi/{}/tpgt_1", iser.target_iqn);
-    let target = VmTarget {
-        // Demo mode: the session is a dynamic one, listed by initiator name.
-        sessions_file: format!("{tpg}/dynamic_sessions"),
-        session_marker: INITIATOR_NAME.to_owned(),
+    // Demo mode: the session is a dynamic one, listed by initiator name.
+    let sessions_file = format!("{tpg}/dynamic_sessions");
+    let target = VmTarget::new(
+        booted,
+        VmProtocol::Iser,
         tpg,
-        vm: booted.vm,
-        protocol: VmProtocol::Iser,
-        wire: booted.wire,
-    };
+        sessions_file,
+        INITIATOR_NAME.to_owned(),
+    );
     let (dev2, cm2) = (hca.device.clone(), hca.cm.clone());
+    start_on_vm(
+        platform,
+        hca,
+        target,
+        record,
+        shape,
+        options,
+        Box::new(move |upcalls, p: &Passive<'_>| {
+            IserTransport::new(&dev2, &cm2, IserConfig::default(), &descs, upcalls, p)
+                .map_err(|_| kverbs::platform::AllocError)
+        }),
+        p,
+    )
+}
+
+/// Starts the stack over the engine `make_transport` builds, with the VM's
+/// one target (told of as `description`), and waits for both sides of
+/// the login.
+#[expect(clippy::too_many_arguments, reason = "the stack's parts")]
+fn start_on_vm<T: BenchEngine>(
+    platform: &HostPlatform,
+    hca: InitiatorHca,
+    target: VmTarget,
+    description: String,
+    shape: AdapterShape,
+    options: &LinuxVmOptions,
+    make_transport: TransportFactory<T>,
+    p: &Passive<'_>,
+) -> Result<StartedStack<T, VmTarget>, BackendError> {
     start_stack(
         platform,
         StackPlan {
             hca,
             targets: vec![Some(target)],
-            descriptions: vec![record],
+            descriptions: vec![description],
             shape,
             luns_per_target: options.luns,
-            make_transport: Box::new(move |upcalls, p: &Passive<'_>| {
-                IserTransport::new(&dev2, &cm2, IserConfig::default(), &descs, upcalls, p)
-                    .map_err(|_| kverbs::platform::AllocError)
-            }),
+            make_transport,
             target_live: Box::new(poll_session),
             live_timeout: LIVE_TIMEOUT,
         },

@@ -314,6 +314,21 @@ pub type StartedStack<T, Tg> = (
     RdmaParts<Tg>,
 );
 
+/// The adapter StorPort is told of: `targets` targets of
+/// `luns_per_target` LUNs (at least one of each), the engine's queue
+/// limits clamped to what StorPort takes (1..=4096).
+#[must_use]
+pub fn adapter_config(shape: &AdapterShape, targets: u8, luns_per_target: u8) -> AdapterConfig {
+    AdapterConfig {
+        targets: targets.max(1),
+        luns_per_target: luns_per_target.max(1),
+        max_io: shape.max_io.clamp(1, 4096),
+        max_io_per_lun: shape.max_io_per_lun.clamp(1, 4096),
+        max_transfer_bytes: shape.max_transfer_bytes,
+        physical_breaks: shape.physical_breaks,
+    }
+}
+
 /// Installs the miniport over the planned engine in a StorPort model whose
 /// memory is the initiator HCA's (so every I/O is fast-registered and
 /// moved by RDMA), starts the adapter, and waits for every target to be
@@ -339,14 +354,7 @@ pub fn start_stack<T: BenchEngine, Tg: BenchTarget>(
     } = plan;
     let count =
         u8::try_from(targets.len()).map_err(|_| BackendError::new("more than 255 targets"))?;
-    let adapter = AdapterConfig {
-        targets: count.max(1),
-        luns_per_target: luns_per_target.max(1),
-        max_io: shape.max_io.clamp(1, 4096),
-        max_io_per_lun: shape.max_io_per_lun.clamp(1, 4096),
-        max_transfer_bytes: shape.max_transfer_bytes,
-        physical_breaks: shape.physical_breaks,
-    };
+    let adapter = adapter_config(&shape, count, luns_per_target);
     let mut model = StorPortModel::<EngineMiniport<T>>::with_memory(
         platform,
         ModelConfig {

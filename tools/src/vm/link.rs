@@ -1,6 +1,7 @@
 //! The host end of the VM's RoCEv2 link, for an initiator on the software
 //! HCA: the frame socket ([`LinkWire`]), connection-manager timing a TCG
-//! guest can keep up with ([`tcg_cm_config`]), and what the initiator is
+//! guest can keep up with ([`tcg_cm_config`]) and SRP timeouts for it
+//! ([`tcg_srp_config`]), and what the initiator is
 //! told of the VM's targets: the SRP `add_target` string for `ib_srpt`
 //! ([`srpt_add_target`]) and the iSER node record for LIO
 //! ([`isert_node_record`]).
@@ -12,6 +13,8 @@ use std::time::Duration;
 use hca_lowlevel::sim::FrameSocket;
 use kverbs::cm::CmConfig;
 use kverbs::wire::IbTimeout;
+use storport_srp::srp::SrpConfig;
+use storport_srp::srp::params::Timeouts;
 
 use super::{TargetInfo, VmError};
 
@@ -85,6 +88,23 @@ pub fn tcg_cm_config() -> CmConfig {
         connections: 64,
         listeners: 1,
         ..CmConfig::new(hca_lowlevel::wire::Gid::ZERO, 0)
+    }
+}
+
+/// The SRP engine's settings for a TCG guest, which is slow: a reconnect
+/// delay of 1 s, fast-fail after 10 s, the device lost after 120 s, and
+/// 20 s for a task management function.
+#[must_use]
+pub fn tcg_srp_config() -> SrpConfig {
+    SrpConfig {
+        timeouts: Timeouts::new(
+            Some(Duration::from_secs(1)),
+            Some(Duration::from_secs(10)),
+            Some(Duration::from_secs(120)),
+        )
+        .unwrap_or_default(),
+        tmf_timeout: Duration::from_secs(20),
+        ..SrpConfig::default()
     }
 }
 
