@@ -239,9 +239,13 @@ fn reset_behind_a_held_channel(s: &Stack, round: u64, p: &kverbs::irql::Passive<
             "round {round}: {o:?}"
         );
     }
+    let answer = s.model.outcome(reset).unwrap();
     assert_eq!(
-        s.model.outcome(reset).unwrap().status.base(),
-        SrbStatus::SUCCESS
+        answer.status.base(),
+        SrbStatus::SUCCESS,
+        "round {round}: the LUN reset {answer:?}; {:?} {:?}",
+        s.stats(0, p),
+        target.counters()
     );
     // The target is still reachable and nothing it ran hit a fence.
     let (o, _) = s.read(0, 0, 0, 8, storport_srp::storport::host::SgShape::Pages, p);

@@ -95,7 +95,11 @@ fn verified_run<M: HwMiniport<HostPort>>(
     assert!(v.sectors_checked > 0);
     for r in &suite.results {
         assert!(r.rates.ios > 0, "{}: no I/O", r.spec);
-        assert_eq!(r.lost_ios, 0, "{}", r.spec);
+        assert_eq!(
+            r.lost_ios, 0,
+            "{}: {:?} {:?}",
+            r.spec, r.rates, r.first_errors
+        );
         assert_eq!(r.rates.errors, 0, "{}: {:?}", r.spec, r.first_errors);
     }
     suite
