@@ -1109,21 +1109,41 @@ fn arm_with_a_pending_cqe_runs_the_device_at_once() {
     let dst = b.buffer(64, RW).unwrap();
     b.qp.post_recv(&[dst.sge(0, 64)]).unwrap();
     b.qp.post_recv(&[dst.sge(0, 64)]).unwrap();
-    let mut w = send_wqe(&a.qp, SendOpcode::Send, CtrlFlags::empty(), 0, src.sge(0, 8));
+    let mut w = send_wqe(
+        &a.qp,
+        SendOpcode::Send,
+        CtrlFlags::empty(),
+        0,
+        src.sge(0, 8),
+    );
     a.qp.post_send(&mut w).unwrap();
     f.run_until_idle();
     f.set_inline_doorbells(true);
     b.cq.arm(false);
-    assert_eq!(b.events.completions().len(), 1, "fired inside the arm write");
+    assert_eq!(
+        b.events.completions().len(),
+        1,
+        "fired inside the arm write"
+    );
     b.cq.ack_event();
     assert_eq!(b.cq.drain().len(), 1);
     b.cq.arm(false);
     assert_eq!(b.events.completions().len(), 1, "nothing pending: no event");
     f.set_inline_doorbells(false);
-    let mut w = send_wqe(&a.qp, SendOpcode::Send, CtrlFlags::empty(), 0, src.sge(0, 8));
+    let mut w = send_wqe(
+        &a.qp,
+        SendOpcode::Send,
+        CtrlFlags::empty(),
+        0,
+        src.sge(0, 8),
+    );
     a.qp.post_send(&mut w).unwrap();
     f.run_until_idle();
-    assert_eq!(b.events.completions().len(), 2, "the next CQE fires the arm");
+    assert_eq!(
+        b.events.completions().len(),
+        2,
+        "the next CQE fires the arm"
+    );
 }
 
 /// Thread mode: an arm doorbell only wakes the device when a CQE is already

@@ -281,7 +281,11 @@ struct Wire {
 
 impl Wire {
     fn push(&mut self, f: InFlight) {
-        if self.fifo.back().is_none_or(|b| (b.at, b.seq) < (f.at, f.seq)) {
+        if self
+            .fifo
+            .back()
+            .is_none_or(|b| (b.at, b.seq) < (f.at, f.seq))
+        {
             self.fifo.push_back(f);
         } else {
             self.heap.push(Reverse(f));
