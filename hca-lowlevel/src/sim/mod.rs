@@ -36,7 +36,7 @@ mod link_tests;
 #[cfg(test)]
 mod tests;
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, SystemTime};
@@ -647,6 +647,7 @@ impl HcaDevice for SoftHca {
                 handler,
                 alive: AtomicBool::new(true),
                 pending_arm: AtomicU64::new(0),
+                produced: AtomicU32::new(0),
             });
             let arm_doorbell = Arc::new(CqDoorbell {
                 cq: shared.clone(),

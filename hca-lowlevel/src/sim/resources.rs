@@ -2,7 +2,7 @@
 //! regions (with every protection check).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
 use crate::cqe::{CQE_SIZE, Cqe, CqeOpcode, CqeRepr};
 use crate::device::{AccessFlags, AsyncEvent, CqEventHandler};
@@ -26,6 +26,11 @@ pub(crate) struct CqShared {
     pub alive: AtomicBool,
     /// Last arm doorbell value with bit 63 set, or 0.
     pub pending_arm: AtomicU64,
+    /// The device's CQE producer index (24 bits used), published after each
+    /// CQE so an arm doorbell can tell, without the world lock, whether it
+    /// must wake the device: only an arm with CQEs already past its consumer
+    /// index fires at once; any later arm is applied by the next CQE push.
+    pub produced: AtomicU32,
 }
 
 /// The CQ arm doorbell register.
@@ -45,11 +50,22 @@ impl DoorbellRegister for CqDoorbell {
             }
             return;
         }
+        let (arm, _) = CqArm::from_doorbell_value(value);
+        // SeqCst store, then SeqCst load; the device does the mirror image
+        // (`produced` stored SeqCst, then `pending_arm` swapped SeqCst in
+        // `Cq::push`): either this load sees the CQE the arm must fire for,
+        // and the device is woken to fire it, or the device's swap sees this
+        // arm and fires it while pushing. An arm with nothing past its
+        // consumer index needs no device work now, so it costs no wake-up
+        // (one per CQ DPC before: the re-arm woke the device thread).
         self.cq
             .pending_arm
-            .store(value | (1 << 63), Ordering::Release);
-        if let Some(s) = self.shared.upgrade() {
-            s.kick();
+            .store(value | (1 << 63), Ordering::SeqCst);
+        let produced = self.cq.produced.load(Ordering::SeqCst);
+        if produced.wrapping_sub(arm.ci) & 0xff_ffff != 0 {
+            if let Some(s) = self.shared.upgrade() {
+                s.kick();
+            }
         }
     }
 }
@@ -74,7 +90,7 @@ impl Cq {
 
     /// Applies a pending arm doorbell, if any.
     pub fn process_arm(&mut self, out: &mut Outbox) {
-        let v = self.shared.pending_arm.swap(0, Ordering::AcqRel);
+        let v = self.shared.pending_arm.swap(0, Ordering::SeqCst);
         if v & (1 << 63) == 0 {
             return;
         }
@@ -88,6 +104,12 @@ impl Cq {
         if self.pi.wrapping_sub(arm.ci) & 0xff_ffff != 0 {
             self.fire(out);
         }
+    }
+
+    /// Publishes the producer index to arm doorbells (SeqCst: see
+    /// `CqDoorbell::write64`).
+    fn publish_pi(&self) {
+        self.shared.produced.store(self.pi, Ordering::SeqCst);
     }
 
     fn fire(&mut self, out: &mut Outbox) {
@@ -127,6 +149,10 @@ impl Cq {
             return Err(());
         }
         self.pi = self.pi.wrapping_add(1);
+        self.publish_pi();
+        // An arm doorbell that did not wake the device (see `CqDoorbell`)
+        // takes effect here, before this CQE's own event check.
+        self.process_arm(out);
         if let Some(arm) = self.armed {
             if !arm.solicited_only || repr.solicited || repr.opcode.is_error() {
                 self.fire(out);
@@ -162,6 +188,7 @@ impl Cq {
             .write_cqe(self.pi, &bytes)
             .map_err(|_| crate::device::HcaError::InvalidSize)?;
         self.pi = self.pi.wrapping_add(1);
+        self.publish_pi();
         self.ring = new_ring;
         Ok(())
     }

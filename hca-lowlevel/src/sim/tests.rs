@@ -157,6 +157,61 @@ fn psn_wraps_modulo_2_24() {
     assert_eq!(psns, vec![0xff_fffe, 0xff_ffff, 0, 1, 2, 3, 4, 5]);
 }
 
+/// Frames are emitted into recycled buffers: every frame on the wire must be
+/// byte for byte what its emitter writes into a zeroed buffer (no byte of an
+/// earlier frame survives in a header's reserved bits or bytes).
+#[test]
+fn recycled_frame_buffers_emit_what_zeroed_ones_do() {
+    let (f, mut a, mut b) = pair();
+    let local = a.buffer(16384, RW).unwrap();
+    let remote = b.buffer(16384, RW).unwrap();
+    local.mem.write(0, &pattern(16384, 5)).unwrap();
+    f.set_capture(true);
+    for round in 0..3u32 {
+        world::poison_frame_pool();
+        b.qp.post_recv(&[remote.sge(8192, 8192)]).unwrap();
+        let mut w = send_wqe(
+            &a.qp,
+            SendOpcode::SendImm,
+            CtrlFlags::CQ_UPDATE,
+            0x5555_0000 + round,
+            local.sge(0, 2500 + round),
+        );
+        a.qp.post_send(&mut w).unwrap();
+        let mut w = rdma_wqe(
+            &a.qp,
+            SendOpcode::RdmaWrite,
+            CtrlFlags::CQ_UPDATE,
+            0,
+            remote.iova + 3,
+            remote.keys.rkey,
+            local.sge(1, 3001),
+        );
+        a.qp.post_send(&mut w).unwrap();
+        let mut r = rdma_wqe(
+            &a.qp,
+            SendOpcode::RdmaRead,
+            CtrlFlags::CQ_UPDATE,
+            0,
+            remote.iova + 3,
+            remote.keys.rkey,
+            local.sge(12_000, 2049),
+        );
+        a.qp.post_send(&mut r).unwrap();
+        f.run_until_idle();
+        assert_eq!(a.cq.drain().len(), 3);
+        assert_eq!(b.cq.drain().len(), 1);
+    }
+    let frames = f.take_captured();
+    assert!(frames.len() > 20, "{} frames", frames.len());
+    for c in &frames {
+        let repr = RoceV2FrameRepr::parse(&c.bytes).unwrap();
+        let mut fresh = vec![0u8; repr.buffer_len()];
+        repr.emit(&mut fresh).unwrap();
+        assert_eq!(fresh, c.bytes);
+    }
+}
+
 #[test]
 fn rdma_write_and_read() {
     let (f, mut a, mut b) = pair();
@@ -1042,6 +1097,111 @@ fn device_thread_mode() {
     }
     assert_eq!((sent, recvd), (n, n));
     assert_eq!(dst.bytes(0, 65536), pattern(65536, 8));
+}
+
+/// An arm doorbell with a CQE already past its consumer index must run the
+/// device (inline doorbells: before the write returns); one with nothing
+/// pending leaves it alone, and the next CQE fires it.
+#[test]
+fn arm_with_a_pending_cqe_runs_the_device_at_once() {
+    let (f, mut a, mut b) = pair();
+    let src = a.buffer(64, RW).unwrap();
+    let dst = b.buffer(64, RW).unwrap();
+    b.qp.post_recv(&[dst.sge(0, 64)]).unwrap();
+    b.qp.post_recv(&[dst.sge(0, 64)]).unwrap();
+    let mut w = send_wqe(
+        &a.qp,
+        SendOpcode::Send,
+        CtrlFlags::empty(),
+        0,
+        src.sge(0, 8),
+    );
+    a.qp.post_send(&mut w).unwrap();
+    f.run_until_idle();
+    f.set_inline_doorbells(true);
+    b.cq.arm(false);
+    assert_eq!(
+        b.events.completions().len(),
+        1,
+        "fired inside the arm write"
+    );
+    b.cq.ack_event();
+    assert_eq!(b.cq.drain().len(), 1);
+    b.cq.arm(false);
+    assert_eq!(b.events.completions().len(), 1, "nothing pending: no event");
+    f.set_inline_doorbells(false);
+    let mut w = send_wqe(
+        &a.qp,
+        SendOpcode::Send,
+        CtrlFlags::empty(),
+        0,
+        src.sge(0, 8),
+    );
+    a.qp.post_send(&mut w).unwrap();
+    f.run_until_idle();
+    assert_eq!(
+        b.events.completions().len(),
+        2,
+        "the next CQE fires the arm"
+    );
+}
+
+/// Thread mode: an arm doorbell only wakes the device when a CQE is already
+/// past its consumer index; an arm that races the device's next CQE must
+/// still fire exactly once (the producer index / pending arm handshake).
+#[test]
+fn thread_mode_arms_fire_once_whichever_side_wins() {
+    let f = Fabric::new(FabricConfig {
+        mode: ExecMode::Thread,
+        seed: 3,
+    });
+    let (mut a, mut b) = rc_pair(&f, RcOptions::default()).unwrap();
+    let src = a.buffer(64, RW).unwrap();
+    let dst = b.buffer(64, RW).unwrap();
+    fn wait_for(mut what: impl FnMut() -> bool) -> bool {
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while std::time::Instant::now() < deadline {
+            if what() {
+                return true;
+            }
+            std::thread::yield_now();
+        }
+        false
+    }
+    let rounds = 200;
+    for i in 0..rounds {
+        b.qp.post_recv(&[dst.sge(0, 64)]).unwrap();
+        let mut w = send_wqe(
+            &a.qp,
+            SendOpcode::Send,
+            CtrlFlags::CQ_UPDATE,
+            0,
+            src.sge(0, 8),
+        );
+        if i % 2 == 0 {
+            // Arm first (nothing past the consumer index: no wake-up), then
+            // the CQE, which races the arm on the device thread.
+            b.cq.arm(false);
+            a.qp.post_send(&mut w).unwrap();
+            assert!(wait_for(|| a.cq.drain().len() == 1), "round {i}: send CQE");
+        } else {
+            // The CQE first (the responder writes it before the ACK that
+            // completes the send), then the arm: it must wake the device
+            // and fire at once, with nothing else happening.
+            a.qp.post_send(&mut w).unwrap();
+            assert!(wait_for(|| a.cq.drain().len() == 1), "round {i}: send CQE");
+            assert_eq!(b.events.completions().len(), i, "round {i}: unarmed");
+            b.cq.arm(false);
+        }
+        assert!(
+            wait_for(|| b.events.completions().len() > i),
+            "round {i}: no event"
+        );
+        b.cq.ack_event();
+        assert_eq!(b.cq.drain().len(), 1, "round {i}");
+    }
+    std::thread::sleep(Duration::from_millis(20));
+    assert_eq!(b.events.completions().len(), rounds, "one event per arm");
 }
 
 #[test]
