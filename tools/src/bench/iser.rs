@@ -161,7 +161,7 @@ fn build(
     for i in 0..usize::from(options.targets) {
         let target_hca = hca
             .fabric
-            .add_hca(hca_lowlevel::sim::HcaConfig::new(target_ip(i)));
+            .add_hca(super::rdma::in_process_hca(target_ip(i)));
         let blocks = options.lun_bytes / u64::from(options.block_size.bytes());
         let mut config = IserTargetConfig::with_luns(
             (0..options.luns)

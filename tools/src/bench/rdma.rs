@@ -14,6 +14,7 @@ use std::any::Any;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use hca_lowlevel::device::Mtu;
 use hca_lowlevel::sim::{
     ExecMode, Fabric, FabricConfig, FrameSocket, HcaConfig, LinkConfig, SoftHca,
 };
@@ -41,6 +42,17 @@ pub const STEP_TIMEOUT: Duration = Duration::from_secs(30);
 /// Bytes of initiator memory on the in-process fabric (data buffers and
 /// the engine's IUs).
 const IN_PROCESS_MEMORY: usize = 2 << 30;
+
+/// The in-process fabric's HCA at `ip`: an InfiniBand fabric's usual
+/// 4096-byte MTU (RoCE with jumbo frames), so a 128 KiB transfer is 32
+/// packets rather than 128 — the software HCA's cost is mostly per packet
+/// (header build, ICRC both ways), as a real HCA's is per WQE, not per byte.
+pub fn in_process_hca(ip: [u8; 4]) -> HcaConfig {
+    HcaConfig {
+        mtu: Mtu::Mtu4096,
+        ..HcaConfig::new(ip)
+    }
+}
 
 /// The address of in-process target `i` (its own HCA).
 #[must_use]
@@ -118,7 +130,7 @@ impl InitiatorHca {
         });
         let initiator = fabric.add_hca(HcaConfig {
             mem_limit: IN_PROCESS_MEMORY,
-            ..HcaConfig::new(INITIATOR_IP)
+            ..in_process_hca(INITIATOR_IP)
         });
         let timing = in_process_cm_timing();
         let cm = CmConfig {
