@@ -26,10 +26,10 @@
 //! # What the target may do
 //! Every PDU from the target updates ExpCmdSN/MaxCmdSN (ignored when
 //! MaxCmdSN < ExpCmdSN - 1) and is checked: a status-carrying PDU must
-//! carry a StatSN not received before and within the statuses the session
-//! can have outstanding (targets may send responses slightly out of StatSN
-//! order; ExpStatSN stays at the oldest one missing, see
-//! [`stat_sn`](super::stat_sn)), its ITT must name a task of the right kind, its data segment
+//! carry a StatSN within the statuses the session can have outstanding
+//! (targets may send responses out of StatSN order; ExpStatSN stays at the
+//! oldest one missing, see [`stat_sn`](super::stat_sn)), its ITT must name
+//! a task of the right kind, its data segment
 //! must fit the negotiated `InitiatorRecvDataSegmentLength`. A breach is a
 //! [`SessionFailure`]; the engine then drops the connection, fences the
 //! buffers (flush), calls [`Session::terminate_all`] and lets
@@ -62,7 +62,7 @@ use kverbs::platform::AllocError;
 
 use super::description::Timeouts;
 use super::login::Negotiated;
-use super::stat_sn::StatSnTracker;
+use super::stat_sn::{Arrival, StatSnTracker};
 use super::{Millis, earliest};
 use crate::miniport::transport::{
     CommandOutcome, CommandResult, FailureKind, ImmediateData, PrepareError, Residual, Tag,
@@ -138,8 +138,8 @@ pub enum Violation {
     UnexpectedOpcode(u8),
     /// An ITT naming no outstanding task of the PDU's kind.
     UnknownItt(u32),
-    /// A StatSN received before, or further ahead of ExpStatSN than the
-    /// session can have statuses outstanding.
+    /// A StatSN further from ExpStatSN, behind or ahead, than the session
+    /// can have statuses outstanding.
     StatSn {
         /// Expected.
         expected: u32,
@@ -495,8 +495,9 @@ impl Session {
         self.stat_sn.expected()
     }
 
-    /// Statuses that arrived ahead of an older one (wrapping count): how
-    /// often the target's responses crossed on the wire.
+    /// Statuses that arrived ahead of an older one or repeated a number
+    /// (wrapping count): how often the target's responses crossed on the
+    /// wire.
     #[must_use]
     pub const fn statuses_out_of_order(&self) -> u32 {
         self.statuses_out_of_order
@@ -1182,13 +1183,13 @@ impl Session {
 
     fn check_stat_sn(&mut self, stat_sn: SerialNumber) -> Result<(), SessionFailure> {
         let expected = self.stat_sn.expected();
-        let ahead = self.stat_sn.receive(stat_sn).map_err(|_| {
+        let arrival = self.stat_sn.receive(stat_sn).map_err(|_| {
             violation(Violation::StatSn {
                 expected: expected.0,
                 received: stat_sn.0,
             })
         })?;
-        if ahead {
+        if arrival != Arrival::InOrder {
             self.statuses_out_of_order = self.statuses_out_of_order.wrapping_add(1);
         }
         Ok(())

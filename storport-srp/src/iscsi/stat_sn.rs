@@ -13,9 +13,12 @@
 //! The tracker keeps ExpStatSN at the oldest status not yet received, so
 //! the number the initiator acknowledges never covers a status it has not
 //! seen, and remembers which later ones already came in a bitmap ring.
-//! A status behind ExpStatSN (a duplicate), one already seen, or one too
-//! far ahead for any status the session can have outstanding is a
-//! protocol breach.
+//! A number already received is taken as a repeat: LIO increments its
+//! StatSN counter without a lock, so two threads can stamp the same
+//! number, and the PDU's ITT check, not the StatSN, decides whether the
+//! response itself is a duplicate. A status further from ExpStatSN, in
+//! either direction, than the session can have outstanding is a protocol
+//! breach: a lost status, or a target that numbers at random.
 
 use alloc::boxed::Box;
 use alloc::vec::Vec;
@@ -26,11 +29,23 @@ use crate::wire::iscsi::SerialNumber;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RingAllocError;
 
+/// How a StatSN arrived.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Arrival {
+    /// The oldest one missing: ExpStatSN moves past it (and past any
+    /// later ones already here).
+    InOrder,
+    /// Ahead of an older one still missing.
+    Ahead,
+    /// A number already received.
+    Repeat,
+}
+
 /// Why a StatSN is refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StatSnRefused {
-    /// Already received (behind ExpStatSN, or seen ahead of it).
-    Duplicate,
+    /// Further behind ExpStatSN than the ring remembers.
+    TooFarBehind,
     /// Further ahead of ExpStatSN than the session can have statuses
     /// outstanding.
     TooFarAhead,
@@ -86,8 +101,7 @@ impl StatSnTracker {
         (word, 1u64 << (index % 64))
     }
 
-    /// Records the arrival of status `sn`: `Ok(true)` when it came ahead
-    /// of an older one still missing.
+    /// Records the arrival of status `sn`.
     ///
     /// # Errors
     ///
@@ -97,12 +111,15 @@ impl StatSnTracker {
     /// # IRQL
     ///
     /// <= DISPATCH_LEVEL; never blocks, never allocates.
-    pub fn receive(&mut self, sn: SerialNumber) -> Result<bool, StatSnRefused> {
+    pub fn receive(&mut self, sn: SerialNumber) -> Result<Arrival, StatSnRefused> {
         let ahead = sn.0.wrapping_sub(self.expected.0);
+        let behind = self.expected.0.wrapping_sub(sn.0);
+        if behind > 0 && behind <= self.ring_bits() {
+            return Ok(Arrival::Repeat);
+        }
         if ahead >= self.ring_bits() {
-            // Behind ExpStatSN shows up as a huge distance.
             return Err(if ahead >= 1 << 31 {
-                StatSnRefused::Duplicate
+                StatSnRefused::TooFarBehind
             } else {
                 StatSnRefused::TooFarAhead
             });
@@ -113,10 +130,10 @@ impl StatSnTracker {
                 return Err(StatSnRefused::TooFarAhead);
             };
             if *w & mask != 0 {
-                return Err(StatSnRefused::Duplicate);
+                return Ok(Arrival::Repeat);
             }
             *w |= mask;
-            return Ok(true);
+            return Ok(Arrival::Ahead);
         }
         // The oldest missing one arrived: slide past it and past every
         // later one already here.
@@ -128,7 +145,7 @@ impl StatSnTracker {
                     *w &= !mask;
                     self.expected = self.expected.next();
                 }
-                _ => return Ok(false),
+                _ => return Ok(Arrival::InOrder),
             }
         }
     }
@@ -154,7 +171,7 @@ mod tests {
     fn in_order_advances_one_by_one() {
         let mut t = StatSnTracker::new(sn(10), 8).unwrap();
         for n in 10..20 {
-            assert_eq!(t.receive(sn(n)), Ok(false));
+            assert_eq!(t.receive(sn(n)), Ok(Arrival::InOrder));
             assert_eq!(t.expected(), sn(n + 1));
         }
         assert!(!t.has_gap());
@@ -163,40 +180,44 @@ mod tests {
     #[test]
     fn a_swapped_pair_is_acknowledged_only_when_both_arrived() {
         let mut t = StatSnTracker::new(sn(5), 8).unwrap();
-        assert_eq!(t.receive(sn(6)), Ok(true));
+        assert_eq!(t.receive(sn(6)), Ok(Arrival::Ahead));
         assert_eq!(t.expected(), sn(5), "6 arrived, 5 is still missing");
         assert!(t.has_gap());
-        assert_eq!(t.receive(sn(5)), Ok(false));
+        assert_eq!(t.receive(sn(5)), Ok(Arrival::InOrder));
         assert_eq!(t.expected(), sn(7));
         assert!(!t.has_gap());
     }
 
     #[test]
-    fn duplicates_and_far_statuses_are_refused_without_change() {
+    fn repeats_are_taken_and_far_statuses_refused_without_change() {
         let mut t = StatSnTracker::new(sn(100), 64).unwrap();
-        assert_eq!(t.receive(sn(100)), Ok(false));
-        assert_eq!(t.receive(sn(100)), Err(StatSnRefused::Duplicate));
-        assert_eq!(t.receive(sn(99)), Err(StatSnRefused::Duplicate));
-        assert_eq!(t.receive(sn(103)), Ok(true));
-        assert_eq!(t.receive(sn(103)), Err(StatSnRefused::Duplicate));
+        assert_eq!(t.receive(sn(100)), Ok(Arrival::InOrder));
+        // A number stamped twice (LIO's unlocked counter), behind or ahead.
+        assert_eq!(t.receive(sn(100)), Ok(Arrival::Repeat));
+        assert_eq!(t.receive(sn(103)), Ok(Arrival::Ahead));
+        assert_eq!(t.receive(sn(103)), Ok(Arrival::Repeat));
+        assert_eq!(t.receive(sn(101 - 64)), Ok(Arrival::Repeat));
+        assert_eq!(t.receive(sn(101 - 65)), Err(StatSnRefused::TooFarBehind));
         assert_eq!(t.receive(sn(101 + 64)), Err(StatSnRefused::TooFarAhead));
-        assert_eq!(t.receive(sn(101 + 63)), Ok(true));
+        assert_eq!(t.receive(sn(101 + 63)), Ok(Arrival::Ahead));
         assert_eq!(t.expected(), sn(101));
+        assert_eq!(t.receive(sn(101)), Ok(Arrival::InOrder));
+        assert_eq!(t.expected(), sn(102), "103 and 164 wait for 102");
     }
 
     #[test]
     fn the_ring_wraps_with_the_serial_numbers() {
         let mut t = StatSnTracker::new(sn(u32::MAX - 2), 64).unwrap();
-        assert_eq!(t.receive(sn(1)), Ok(true));
-        assert_eq!(t.receive(sn(u32::MAX)), Ok(true));
-        assert_eq!(t.receive(sn(0)), Ok(true));
-        assert_eq!(t.receive(sn(u32::MAX - 1)), Ok(true));
+        assert_eq!(t.receive(sn(1)), Ok(Arrival::Ahead));
+        assert_eq!(t.receive(sn(u32::MAX)), Ok(Arrival::Ahead));
+        assert_eq!(t.receive(sn(0)), Ok(Arrival::Ahead));
+        assert_eq!(t.receive(sn(u32::MAX - 1)), Ok(Arrival::Ahead));
         assert_eq!(
             t.expected(),
             sn(u32::MAX - 2),
             "the oldest is still missing"
         );
-        assert_eq!(t.receive(sn(u32::MAX - 2)), Ok(false));
+        assert_eq!(t.receive(sn(u32::MAX - 2)), Ok(Arrival::InOrder));
         assert_eq!(t.expected(), sn(2));
         assert!(!t.has_gap());
     }
@@ -214,7 +235,8 @@ mod tests {
             let mut arrived = [false; 48];
             for &k in &order {
                 let acked = t.expected().0.wrapping_sub(start);
-                prop_assert_eq!(t.receive(sn(start.wrapping_add(k))), Ok(k != acked));
+                let want = if k == acked { Arrival::InOrder } else { Arrival::Ahead };
+                prop_assert_eq!(t.receive(sn(start.wrapping_add(k))), Ok(want));
                 arrived[k as usize] = true;
                 let acked = t.expected().0.wrapping_sub(start) as usize;
                 prop_assert!(arrived[..acked].iter().all(|a| *a));

@@ -140,8 +140,9 @@ pub struct IserStats {
     pub last_failure: u32,
     /// The session failure behind the last `6`/`4` above, for diagnosis.
     pub last_session_failure: Option<SessionFailure>,
-    /// Responses that arrived ahead of an older StatSN (the target built
-    /// them on different threads); taken, and acknowledged in order.
+    /// Responses that arrived ahead of an older StatSN or repeated one
+    /// (the target built them on different threads); taken, and
+    /// acknowledged in order.
     pub statuses_out_of_order: u64,
     /// Whether the current connection's target invalidates remotely.
     pub remote_invalidate: bool,
