@@ -217,13 +217,15 @@ pub(crate) struct CmdSlot<P: Platform> {
     direction: DataDirection,
     access: AccessFlags,
     immediate: bool,
-    /// Immediate data sent from the request's own buffer: the SEND's
-    /// gather entries after the IU header's (reserved lkey, physical
-    /// addresses); `imm_sge_count == 0` when the data was copied into the
-    /// IU instead.
-    imm_sges: [Sge; IMM_DATA_SGES],
-    imm_sge_count: usize,
-    iu_len: u32,
+    /// The SEND's gather list, ready to post: entry 0 is the IU's
+    /// `tx_len` bytes in `tx`; with immediate data sent from the request's
+    /// own buffer, up to [`IMM_DATA_SGES`] entries of it follow (reserved
+    /// lkey, physical addresses). Built when the IU is (at prepare for
+    /// immediate data, else at post), so the post passes a slice.
+    send_sges: [Sge; 1 + IMM_DATA_SGES],
+    send_sge_count: usize,
+    /// Bytes of the IU in `tx` (without gathered immediate data).
+    tx_len: u32,
     mrs: Box<[Option<FrMr<P>>]>,
     runs: Box<[Run]>,
     pages: Box<[PhysAddr]>,
@@ -274,9 +276,9 @@ impl<P: Platform> CmdSlot<P> {
             direction: DataDirection::None,
             access: AccessFlags::empty(),
             immediate: false,
-            imm_sges: [Sge::default(); IMM_DATA_SGES],
-            imm_sge_count: 0,
-            iu_len: 0,
+            send_sges: [Sge::default(); 1 + IMM_DATA_SGES],
+            send_sge_count: 0,
+            tx_len: 0,
             mrs: (0..runs).map(|_| None).collect(),
             runs: vec![Run::default(); runs].into_boxed_slice(),
             pages: vec![PhysAddr(0); sizing.max_pages as usize].into_boxed_slice(),
@@ -337,7 +339,7 @@ impl<P: Platform> CmdSlot<P> {
         self.invalidating = false;
         self.inv_done = false;
         self.immediate = false;
-        self.imm_sge_count = 0;
+        self.send_sge_count = 0;
         self.sense_len = 0;
     }
 
@@ -752,7 +754,6 @@ impl<P: Platform> Engine<P> {
                 .mem()
                 .write(usize::try_from(offset).unwrap_or(usize::MAX), head)
                 .map_err(|_| Refusal::Failed(FailureKind::Unsupported))?;
-            s.iu_len = u32::from(imm) + len;
             // The data goes from the request's buffer itself when its
             // segments fit the SEND: the HCA gathers it (the buffer stays
             // the request's until the SEND completes, which completion
@@ -761,16 +762,30 @@ impl<P: Platform> Engine<P> {
                 .saturating_sub(1)
                 .min(IMM_DATA_SGES);
             let gathered = s
-                .imm_sges
-                .get_mut(..room)
+                .send_sges
+                .get_mut(1..1 + room)
                 .and_then(|out| gather_immediate(command.sg_list, len, conn.reserved_lkey, out));
             if let Some(n) = gathered {
-                s.imm_sge_count = n;
+                // The IU in `tx` is the header alone.
+                s.tx_len = u32::from(imm);
+                let (Some(sge), Some(first)) =
+                    (conn.tx_sge(offset, s.tx_len), s.send_sges.first_mut())
+                else {
+                    return Err(Refusal::Failed(FailureKind::Unsupported));
+                };
+                *first = sge;
+                s.send_sge_count = 1 + n;
                 s.budget = send_wqebbs(1 + n);
                 bump(&t.counters.immediate_writes);
                 return Ok(());
             }
-            s.imm_sge_count = 0;
+            s.tx_len = u32::from(imm) + len;
+            let (Some(sge), Some(first)) = (conn.tx_sge(offset, s.tx_len), s.send_sges.first_mut())
+            else {
+                return Err(Refusal::Failed(FailureKind::Unsupported));
+            };
+            *first = sge;
+            s.send_sge_count = 1;
             let mut chunk = [0u8; COPY_CHUNK];
             let mut done = 0u32;
             while done < len {
@@ -793,7 +808,6 @@ impl<P: Platform> Engine<P> {
         }
         s.immediate = false;
         if s.direction == DataDirection::None {
-            s.iu_len = iu::command_len(command.cdb.len(), 0, neg.formats) as u32;
             s.budget = 1;
             return Ok(());
         }
@@ -824,7 +838,6 @@ impl<P: Platform> Engine<P> {
         if iu_len > neg.max_it_iu_len as usize || iu_len > s.scratch.len() {
             return Err(Refusal::Failed(FailureKind::Unsupported));
         }
-        s.iu_len = iu_len as u32;
         for i in 0..n {
             match conn.pool.get(irql) {
                 Some(mr) => {
@@ -925,7 +938,10 @@ impl<P: Platform> Engine<P> {
             return Err((t.failure_kind(), false));
         };
         let n = s.mr_count();
-        let need: u32 = send_wqebbs(1 + s.imm_sge_count)
+        // Immediate data's gather list is built already; otherwise the
+        // SEND is the IU alone.
+        let gather_count = if s.immediate { s.send_sge_count } else { 1 };
+        let need: u32 = send_wqebbs(gather_count)
             + s.runs
                 .iter()
                 .take(n)
@@ -999,32 +1015,25 @@ impl<P: Platform> Engine<P> {
                 .mem()
                 .write(usize::try_from(offset).unwrap_or(usize::MAX), bytes)
                 .map_err(|_| (FailureKind::ConnectionReset, true))?;
-            s.iu_len = u32::try_from(len).unwrap_or(u32::MAX);
+            s.tx_len = u32::try_from(len).unwrap_or(u32::MAX);
+            let (Some(sge), Some(first)) = (conn.tx_sge(offset, s.tx_len), s.send_sges.first_mut())
+            else {
+                return Err((FailureKind::ConnectionReset, true));
+            };
+            *first = sge;
+            s.send_sge_count = 1;
             if n == 1 && s.formats.contains(BufFormats::DIRECT) {
                 bump(&t.counters.direct_commands);
             } else if n > 0 {
                 bump(&t.counters.indirect_commands);
             }
         }
-        let data = s.imm_sges.get(..s.imm_sge_count).unwrap_or(&[]);
-        // With gathered immediate data the IU in `tx` is the header alone.
-        let in_tx = s
-            .iu_len
-            .saturating_sub(data.iter().map(|d| d.len).sum::<u32>());
-        let Some(sge) = conn.tx_sge(offset, in_tx) else {
+        let Some(gather) = s
+            .send_sges
+            .get(..s.send_sge_count)
+            .filter(|g| !g.is_empty())
+        else {
             return Err((FailureKind::ConnectionReset, true));
-        };
-        let sges: [Sge; 1 + IMM_DATA_SGES];
-        let gather = if data.is_empty() {
-            core::slice::from_ref(&sge)
-        } else {
-            let mut all = [sge; 1 + IMM_DATA_SGES];
-            let Some(tail) = all.get_mut(1..1 + data.len()) else {
-                return Err((FailureKind::ConnectionReset, true));
-            };
-            tail.copy_from_slice(data);
-            sges = all;
-            sges.get(..1 + data.len()).unwrap_or(&[])
         };
         let send = batch.send(
             &SendWr::new(Payload::Sges(gather)),
