@@ -112,6 +112,15 @@ pub struct SrpPrepared {
     generation: u16,
 }
 
+/// A TMF slot and credit reserved on a channel (a LUN reset's member),
+/// with the epoch of the connection they were taken on.
+#[derive(Debug, Clone, Copy)]
+struct TmfReservation {
+    channel: u8,
+    slot: u16,
+    epoch: u32,
+}
+
 /// A TMF a command slot reports to when it completes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct TmfRef {
@@ -1593,14 +1602,25 @@ impl<P: Platform> Engine<P> {
         let t = self.target(target).ok_or(TmfRefused::NotConnected)?;
         // Reserve a slot and a credit on every live channel first, so the
         // reset is all or nothing: a channel left out would keep commands
-        // the target may abort without a word.
-        let mut reserved: heapless::Vec<(u8, u16, Arc<Conn<P>>), { MAX_CH_COUNT as usize }> =
+        // the target may abort without a word. A reservation is (channel,
+        // TMF slot, epoch of the connection it was taken on): 8 bytes, not
+        // a connection reference, on this DISPATCH_LEVEL stack.
+        let mut reserved: heapless::Vec<TmfReservation, { MAX_CH_COUNT as usize }> =
             heapless::Vec::new();
         let mut refused = None;
         for ch in t.channels.iter() {
             match self.reserve_tmf(ch, irql) {
                 Ok((index, conn)) => {
-                    if reserved.push((ch.index, index, conn)).is_err() {
+                    let r = TmfReservation {
+                        channel: ch.index,
+                        slot: index,
+                        epoch: conn.epoch,
+                    };
+                    drop(conn);
+                    if reserved.push(r).is_err() {
+                        if let Some(ch) = t.channels.get(usize::from(r.channel)) {
+                            self.unreserve_tmf_of(ch, r.slot, r.epoch, irql);
+                        }
                         refused = Some(TmfRefused::Busy);
                         break;
                     }
@@ -1618,9 +1638,9 @@ impl<P: Platform> Engine<P> {
             None => None,
         };
         if let Some(e) = refused {
-            for (channel, index, conn) in reserved {
-                if let Some(ch) = t.channels.get(usize::from(channel)) {
-                    self.unreserve_tmf(ch, index, &conn, irql);
+            for r in reserved {
+                if let Some(ch) = t.channels.get(usize::from(r.channel)) {
+                    self.unreserve_tmf_of(ch, r.slot, r.epoch, irql);
                 }
             }
             return Err(e);
@@ -1629,17 +1649,18 @@ impl<P: Platform> Engine<P> {
         // answer arriving meanwhile cannot finish it early.
         let count = u8::try_from(reserved.len()).unwrap_or(u8::MAX);
         if !self.lun_resets.open(tmf, count.saturating_add(1), irql) {
-            for (channel, index, conn) in reserved {
-                if let Some(ch) = t.channels.get(usize::from(channel)) {
-                    self.unreserve_tmf(ch, index, &conn, irql);
+            for r in reserved {
+                if let Some(ch) = t.channels.get(usize::from(r.channel)) {
+                    self.unreserve_tmf_of(ch, r.slot, r.epoch, irql);
                 }
             }
             return Err(TmfRefused::Busy);
         }
-        for (channel, index, conn) in reserved {
-            let Some(ch) = t.channels.get(usize::from(channel)) else {
+        for r in reserved {
+            let Some(ch) = t.channels.get(usize::from(r.channel)) else {
                 continue;
             };
+            let index = r.slot;
             let iu = TmfIu {
                 function: TaskMgmtFunction::LunReset,
                 lun,
@@ -1647,11 +1668,16 @@ impl<P: Platform> Engine<P> {
                 victim: None,
                 core: tmf,
             };
-            let sent = self.post_tmf(ch, index, &conn, iu, irql);
+            // The connection the reservation was taken on, if it is still
+            // the channel's (else it ended meanwhile: not sent).
+            let conn = ch.state.lock(irql).conn_of(r.epoch);
+            let sent = conn
+                .as_ref()
+                .is_some_and(|conn| self.post_tmf(ch, index, conn, iu, irql));
             if !sent {
                 // This channel's connection is failing: its flush fences
                 // its commands. Count it as answered by the transport.
-                self.unreserve_tmf(ch, index, &conn, irql);
+                self.unreserve_tmf_of(ch, index, r.epoch, irql);
                 self.group_member_done(
                     tmf,
                     TmfResponse::Transport(FailureKind::ConnectionReset),
@@ -1705,9 +1731,16 @@ impl<P: Platform> Engine<P> {
         conn: &Arc<Conn<P>>,
         irql: &impl LeDispatch,
     ) {
+        self.unreserve_tmf_of(ch, index, conn.epoch, irql);
+    }
+
+    /// [`Self::unreserve_tmf`] by the epoch of the connection the
+    /// reservation was taken on: its credit goes back only to that
+    /// connection.
+    fn unreserve_tmf_of(&self, ch: &Channel<P>, index: u16, epoch: u32, irql: &impl LeDispatch) {
         let mut st = ch.state.lock(irql);
         let _ = st.tmf_free.push(index);
-        if st.is_current(conn) {
+        if st.epoch_is(epoch) {
             st.credits.give_back();
         }
     }
