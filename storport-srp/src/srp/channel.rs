@@ -100,6 +100,10 @@ const COPY_CHUNK: usize = 256;
 /// Most gather entries immediate data takes besides the IU header's: with
 /// the header's, seven data segments, a SEND of two WQEBBs.
 const IMM_DATA_SGES: usize = 6;
+/// A finished command's sense bytes on its completer's stack (no bytes
+/// initialised or copied but the sense's own).
+type SenseBuf = heapless::Vec<u8, SENSE_MAX>;
+
 /// Base of the I/O virtual addresses the engine registers buffers at.
 const IOVA_BASE: u64 = 0x0200_0000_0000_0000;
 
@@ -255,14 +259,14 @@ pub(crate) struct CmdSlot<P: Platform> {
 }
 
 /// What a finished command leaves for its upcall (the slot is free by
-/// then).
+/// then). Its sense bytes go to a [`SenseBuf`] of the caller's: only the
+/// bytes there are, usually none, are copied, and `Finished` stays small
+/// enough to move in registers.
 struct Finished {
     slot: u16,
     core: Tag,
     outcome: CommandOutcome,
     residual: Residual,
-    sense: [u8; SENSE_MAX],
-    sense_len: usize,
     budget: u32,
     epoch: u32,
     waiter: Option<TmfRef>,
@@ -353,8 +357,9 @@ impl<P: Platform> CmdSlot<P> {
     }
 
     /// If the command is done (response in, SEND complete, MRs
-    /// invalidated), frees the slot and returns what the upcall needs.
-    fn take_finished(&mut self, slot: u16) -> Option<Finished> {
+    /// invalidated), frees the slot and returns what the upcall needs, its
+    /// sense bytes copied into `sense`.
+    fn take_finished(&mut self, slot: u16, sense: &mut SenseBuf) -> Option<Finished> {
         if self.phase != SlotPhase::Posted || !self.send_done || !self.inv_done {
             return None;
         }
@@ -364,13 +369,14 @@ impl<P: Platform> CmdSlot<P> {
             core: self.core,
             outcome,
             residual,
-            sense: self.sense,
-            sense_len: self.sense_len,
             budget: self.budget,
             epoch: self.epoch,
             waiter: self.waiter,
             fenced: self.fenced,
         };
+        sense.clear();
+        // SENSE_MAX bytes at most on both sides: cannot fail.
+        let _ = sense.extend_from_slice(self.sense.get(..self.sense_len).unwrap_or(&[]));
         self.clear();
         Some(done)
     }
@@ -1196,20 +1202,28 @@ impl<P: Platform> Engine<P> {
         let Some(slot_lock) = ch.slots.get(usize::from(slot)) else {
             return;
         };
+        let mut sense = SenseBuf::new();
         let done = {
             let mut s = slot_lock.lock(irql);
             if !s.matches(conn, generation) || s.phase != SlotPhase::Posted {
                 return;
             }
             step(&mut s);
-            s.take_finished(slot)
+            s.take_finished(slot, &mut sense)
         };
         if let Some(done) = done {
-            self.finish_command(t, ch, done, irql);
+            self.finish_command(t, ch, done, &sense, irql);
         }
     }
 
-    fn finish_command(&self, t: &Target<P>, ch: &Channel<P>, done: Finished, irql: &Dispatch<'_>) {
+    fn finish_command(
+        &self,
+        t: &Target<P>,
+        ch: &Channel<P>,
+        done: Finished,
+        sense: &SenseBuf,
+        irql: &Dispatch<'_>,
+    ) {
         if let Some(tag) = ch.core_tags.get(usize::from(done.slot)) {
             tag.store(0, Ordering::Release);
         }
@@ -1227,7 +1241,7 @@ impl<P: Platform> Engine<P> {
         }
         let result = CommandResult {
             outcome: done.outcome,
-            sense: done.sense.get(..done.sense_len).unwrap_or(&[]),
+            sense,
             residual: done.residual,
         };
         self.upcalls().command_done(done.core, &result, irql);
@@ -1413,6 +1427,7 @@ impl<P: Platform> Engine<P> {
             bump(&t.counters.stale_responses);
             return;
         };
+        let mut sense = SenseBuf::new();
         let (done, broken) = {
             let mut s = slot_lock.lock(irql);
             if !s.matches(conn, tag.generation)
@@ -1430,20 +1445,20 @@ impl<P: Platform> Engine<P> {
                 _ => Residual::None,
             };
             s.response = Some((CommandOutcome::Scsi(rsp.status), res));
-            let sense = rsp.sense.unwrap_or(&[]);
-            let n = sense.len().min(SENSE_MAX);
-            if let (Some(dst), Some(src)) = (s.sense.get_mut(..n), sense.get(..n)) {
+            let rsp_sense = rsp.sense.unwrap_or(&[]);
+            let n = rsp_sense.len().min(SENSE_MAX);
+            if let (Some(dst), Some(src)) = (s.sense.get_mut(..n), rsp_sense.get(..n)) {
                 dst.copy_from_slice(src);
             }
             s.sense_len = n;
             let ok = self.start_invalidation(&mut s, conn, tag.slot, irql);
-            (s.take_finished(tag.slot), !ok)
+            (s.take_finished(tag.slot, &mut sense), !ok)
         };
         if broken {
             self.conn_failed(conn, Cause::Transport, Why::Batch, irql);
         }
         if let Some(done) = done {
-            self.finish_command(t, ch, done, irql);
+            self.finish_command(t, ch, done, &sense, irql);
         }
     }
 
@@ -1889,6 +1904,7 @@ impl<P: Platform> Engine<P> {
                         // channel (see `reset_lun`).
                         continue;
                     }
+                    let mut sense = SenseBuf::new();
                     let (marked, done, broken) = {
                         let mut v = vslot.lock(irql);
                         let selected = v.phase == SlotPhase::Posted
@@ -1912,7 +1928,7 @@ impl<P: Platform> Engine<P> {
                                 Some(c) => self.start_invalidation(&mut v, c, index, irql),
                                 None => true,
                             };
-                            (true, v.take_finished(index), !ok)
+                            (true, v.take_finished(index, &mut sense), !ok)
                         }
                     };
                     if marked {
@@ -1922,7 +1938,7 @@ impl<P: Platform> Engine<P> {
                         self.target_failed(t, irql);
                     }
                     if let Some(done) = done {
-                        self.finish_command(t, vch, done, irql);
+                        self.finish_command(t, vch, done, &sense, irql);
                     }
                 }
             }
@@ -2092,6 +2108,7 @@ impl<P: Platform> Engine<P> {
             return;
         };
         let outcome = self.fence_outcome(t, conn, irql);
+        let mut sense = SenseBuf::new();
         for (i, slot_lock) in ch.slots.iter().enumerate() {
             let index = u16::try_from(i).unwrap_or(u16::MAX);
             let done = {
@@ -2117,12 +2134,12 @@ impl<P: Platform> Engine<P> {
                         s.send_done = true;
                         s.inv_done = true;
                         s.drop_mrs();
-                        s.take_finished(index)
+                        s.take_finished(index, &mut sense)
                     }
                 }
             };
             if let Some(done) = done {
-                self.finish_command(t, ch, done, irql);
+                self.finish_command(t, ch, done, &sense, irql);
             }
         }
         let kind = match outcome {
