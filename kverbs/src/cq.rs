@@ -48,7 +48,7 @@ use hca_lowlevel::ring::CqRing;
 
 use crate::device::{AsyncTarget, Device, DeviceInner, TargetId};
 use crate::drain::DrainOutcome;
-use crate::drain::{ArmOutcome, Budget, CompletionHandler, CompletionSource, DpcDrainer};
+use crate::drain::{ArmOutcome, Budget, CompletionHandler, CompletionSource, DpcDrainer, Polled};
 use crate::error::VerbsError;
 use crate::interrupt::enter_dispatch;
 use crate::irql::{AnyIrql, Dispatch, LeDispatch, Passive};
@@ -73,6 +73,25 @@ pub trait CqHandler<C>: Send + Sync {
     ///
     /// `DISPATCH_LEVEL` (the CQ's DPC, or an inline drain raised to it).
     fn on_completion(&self, completion: Completion<C>, irql: &Dispatch<'_>);
+
+    /// The completions of one poll of the CQ, in poll order: a handler
+    /// with per-batch work (finding its consumer, taking a lock) overrides
+    /// this to do that work once per batch. The default hands each to
+    /// [`Self::on_completion`]; whatever an override leaves unread is then
+    /// delivered one by one the same way, so none is lost.
+    ///
+    /// # IRQL
+    ///
+    /// `DISPATCH_LEVEL` (the CQ's DPC, or an inline drain raised to it).
+    fn on_completions(
+        &self,
+        completions: &mut dyn Iterator<Item = Completion<C>>,
+        irql: &Dispatch<'_>,
+    ) {
+        for completion in completions {
+            self.on_completion(completion, irql);
+        }
+    }
 
     /// An asynchronous event for this CQ ([`AsyncEvent::CqError`]: the CQ
     /// overran and it and its QPs are unusable).
@@ -277,6 +296,44 @@ impl<P: Platform, C: Send + 'static> CompletionHandler<CqItem<P, C>> for CqDeliv
                 }
             }
             CqItem::Marker(qp, queue) => qp.marker_completed(queue, irql),
+        }
+    }
+
+    /// One run-down reference for the whole batch; the consumer sees the
+    /// work completions as one iterator (drain markers are handled in
+    /// their place in the order as the iterator passes them).
+    fn on_batch(&self, batch: &mut Polled<'_, CqItem<P, C>>, irql: &Dispatch<'_>) {
+        let Some(_entered) = self.rundown.acquire() else {
+            // Destroying: no completion reaches the consumer; markers still
+            // complete their QPs' drains.
+            for item in batch {
+                if let CqItem::Marker(qp, queue) = item {
+                    qp.marker_completed(queue, irql);
+                }
+            }
+            return;
+        };
+        self.handler
+            .on_completions(&mut WorkCompletions { batch, irql }, irql);
+    }
+}
+
+/// A polled batch as the consumer's work completions: markers are
+/// completed in place as the iterator passes them.
+struct WorkCompletions<'a, 'b, 'c, P: Platform, C: Send + 'static> {
+    batch: &'a mut Polled<'b, CqItem<P, C>>,
+    irql: &'a Dispatch<'c>,
+}
+
+impl<P: Platform, C: Send + 'static> Iterator for WorkCompletions<'_, '_, '_, P, C> {
+    type Item = Completion<C>;
+
+    fn next(&mut self) -> Option<Completion<C>> {
+        loop {
+            match self.batch.next()? {
+                CqItem::Wc(wc) => return Some(wc),
+                CqItem::Marker(qp, queue) => qp.marker_completed(queue, self.irql),
+            }
         }
     }
 }

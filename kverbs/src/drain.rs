@@ -110,6 +110,55 @@ pub trait CompletionHandler<C> {
     ///
     /// `DISPATCH_LEVEL`.
     fn on_completion(&self, completion: C, irql: &Dispatch<'_>);
+
+    /// Handles the completions of one poll, in poll order: what a handler
+    /// with per-batch work (a lookup, a lock) overrides to do that work once
+    /// per batch instead of once per completion. The default hands each to
+    /// [`Self::on_completion`]. Whatever an override leaves in `batch` is
+    /// then handed to [`Self::on_completion`] one by one, so none is lost.
+    ///
+    /// # IRQL
+    ///
+    /// `DISPATCH_LEVEL`.
+    fn on_batch(&self, batch: &mut Polled<'_, C>, irql: &Dispatch<'_>) {
+        for completion in batch {
+            self.on_completion(completion, irql);
+        }
+    }
+}
+
+/// The completions of one poll, yielded in poll order (see
+/// [`CompletionHandler::on_batch`]).
+pub struct Polled<'a, C> {
+    /// Reversed: the next completion is the last element.
+    reversed: &'a mut heapless::Vec<C, POLL_BATCH>,
+}
+
+impl<C> Polled<'_, C> {
+    /// Completions not yet taken.
+    pub fn remaining(&self) -> usize {
+        self.reversed.len()
+    }
+}
+
+impl<C> Iterator for Polled<'_, C> {
+    type Item = C;
+
+    fn next(&mut self) -> Option<C> {
+        self.reversed.pop()
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        (self.reversed.len(), Some(self.reversed.len()))
+    }
+}
+
+impl<C> fmt::Debug for Polled<'_, C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Polled")
+            .field("remaining", &self.reversed.len())
+            .finish()
+    }
 }
 
 /// How much one drain pass may do before yielding the processor.
@@ -300,6 +349,9 @@ where
     // batch buffer per poll (`mem::take` copied all POLL_BATCH slots, even
     // for an empty poll).
     batch.reverse();
+    if polled > 0 {
+        handler.on_batch(&mut Polled { reversed: batch }, irql);
+    }
     while let Some(completion) = batch.pop() {
         handler.on_completion(completion, irql);
     }

@@ -30,11 +30,18 @@ struct Log {
     destroyed: AtomicBool,
     after_destroy: AtomicU64,
     flush_errors: AtomicU64,
+    /// `Some(k)`: take the first `k` completions of each polled batch in
+    /// `on_completions` and leave the rest for `on_completion` (the batch
+    /// path, drain markers in their place, and its leftovers).
+    batch_take: Option<usize>,
 }
 
 impl Log {
-    fn new() -> Arc<Self> {
-        let log = Log::default();
+    fn new(batch_take: Option<usize>) -> Arc<Self> {
+        let log = Log {
+            batch_take,
+            ..Log::default()
+        };
         log.completions.lock().unwrap().reserve(4096);
         Arc::new(log)
     }
@@ -53,6 +60,19 @@ impl CqHandler<u64> for Log {
         let mut v = self.completions.lock().unwrap();
         assert!(v.len() < v.capacity());
         v.push((at, c.context));
+    }
+
+    fn on_completions(
+        &self,
+        completions: &mut dyn Iterator<Item = Completion<u64>>,
+        irql: &Dispatch<'_>,
+    ) {
+        match self.batch_take {
+            Some(take) => completions
+                .take(take)
+                .for_each(|c| self.on_completion(c, irql)),
+            None => completions.for_each(|c| self.on_completion(c, irql)),
+        }
     }
 }
 
@@ -87,8 +107,9 @@ fn one_schedule(seed: u64) -> (usize, usize) {
     w.platform.run_passive(|p| {
         let a = w.node([10, 0, 0, 1], p);
         let b = w.node([10, 0, 0, 2], p);
-        let la = Log::new();
-        let lb = Log::new();
+        // A's handler takes whole batches; B's a seeded part of each.
+        let la = Log::new(None);
+        let lb = Log::new(Some(rng.usize(0..4)));
         let cq_a = a.cq(256, la.clone(), p);
         let cq_b = b.cq(256, lb.clone(), p);
         let qa = a.qp_with(QpType::Rc, &cq_a, 16, 16, la.clone(), p);

@@ -100,6 +100,10 @@ const COPY_CHUNK: usize = 256;
 /// Most gather entries immediate data takes besides the IU header's: with
 /// the header's, seven data segments, a SEND of two WQEBBs.
 const IMM_DATA_SGES: usize = 6;
+/// A finished command's sense bytes on its completer's stack (no bytes
+/// initialised or copied but the sense's own).
+type SenseBuf = heapless::Vec<u8, SENSE_MAX>;
+
 /// Base of the I/O virtual addresses the engine registers buffers at.
 const IOVA_BASE: u64 = 0x0200_0000_0000_0000;
 
@@ -110,6 +114,15 @@ pub struct SrpPrepared {
     channel: u8,
     slot: u16,
     generation: u16,
+}
+
+/// A TMF slot and credit reserved on a channel (a LUN reset's member),
+/// with the epoch of the connection they were taken on.
+#[derive(Debug, Clone, Copy)]
+struct TmfReservation {
+    channel: u8,
+    slot: u16,
+    epoch: u32,
 }
 
 /// A TMF a command slot reports to when it completes.
@@ -220,13 +233,15 @@ pub(crate) struct CmdSlot<P: Platform> {
     direction: DataDirection,
     access: AccessFlags,
     immediate: bool,
-    /// Immediate data sent from the request's own buffer: the SEND's
-    /// gather entries after the IU header's (reserved lkey, physical
-    /// addresses); `imm_sge_count == 0` when the data was copied into the
-    /// IU instead.
-    imm_sges: [Sge; IMM_DATA_SGES],
-    imm_sge_count: usize,
-    iu_len: u32,
+    /// The SEND's gather list, ready to post: entry 0 is the IU's
+    /// `tx_len` bytes in `tx`; with immediate data sent from the request's
+    /// own buffer, up to [`IMM_DATA_SGES`] entries of it follow (reserved
+    /// lkey, physical addresses). Built when the IU is (at prepare for
+    /// immediate data, else at post), so the post passes a slice.
+    send_sges: [Sge; 1 + IMM_DATA_SGES],
+    send_sge_count: usize,
+    /// Bytes of the IU in `tx` (without gathered immediate data).
+    tx_len: u32,
     mrs: Box<[Option<FrMr<P>>]>,
     runs: Box<[Run]>,
     pages: Box<[PhysAddr]>,
@@ -247,14 +262,14 @@ pub(crate) struct CmdSlot<P: Platform> {
 }
 
 /// What a finished command leaves for its upcall (the slot is free by
-/// then).
+/// then). Its sense bytes go to a [`SenseBuf`] of the caller's: only the
+/// bytes there are, usually none, are copied, and `Finished` stays small
+/// enough to move in registers.
 struct Finished {
     slot: u16,
     core: Tag,
     outcome: CommandOutcome,
     residual: Residual,
-    sense: [u8; SENSE_MAX],
-    sense_len: usize,
     budget: u32,
     epoch: u32,
     waiter: Option<TmfRef>,
@@ -278,9 +293,9 @@ impl<P: Platform> CmdSlot<P> {
             direction: DataDirection::None,
             access: AccessFlags::empty(),
             immediate: false,
-            imm_sges: [Sge::default(); IMM_DATA_SGES],
-            imm_sge_count: 0,
-            iu_len: 0,
+            send_sges: [Sge::default(); 1 + IMM_DATA_SGES],
+            send_sge_count: 0,
+            tx_len: 0,
             mrs: (0..runs).map(|_| None).collect(),
             runs: vec![Run::default(); runs].into_boxed_slice(),
             pages: vec![PhysAddr(0); sizing.max_pages as usize].into_boxed_slice(),
@@ -341,13 +356,14 @@ impl<P: Platform> CmdSlot<P> {
         self.invalidating = false;
         self.inv_done = false;
         self.immediate = false;
-        self.imm_sge_count = 0;
+        self.send_sge_count = 0;
         self.sense_len = 0;
     }
 
     /// If the command is done (response in, SEND complete, MRs
-    /// invalidated), frees the slot and returns what the upcall needs.
-    fn take_finished(&mut self, slot: u16) -> Option<Finished> {
+    /// invalidated), frees the slot and returns what the upcall needs, its
+    /// sense bytes copied into `sense`.
+    fn take_finished(&mut self, slot: u16, sense: &mut SenseBuf) -> Option<Finished> {
         if self.phase != SlotPhase::Posted || !self.send_done || !self.inv_done {
             return None;
         }
@@ -357,13 +373,14 @@ impl<P: Platform> CmdSlot<P> {
             core: self.core,
             outcome,
             residual,
-            sense: self.sense,
-            sense_len: self.sense_len,
             budget: self.budget,
             epoch: self.epoch,
             waiter: self.waiter,
             fenced: self.fenced,
         };
+        sense.clear();
+        // SENSE_MAX bytes at most on both sides: cannot fail.
+        let _ = sense.extend_from_slice(self.sense.get(..self.sense_len).unwrap_or(&[]));
         self.clear();
         Some(done)
     }
@@ -759,7 +776,6 @@ impl<P: Platform> Engine<P> {
                 .mem()
                 .write(usize::try_from(offset).unwrap_or(usize::MAX), head)
                 .map_err(|_| Refusal::Failed(FailureKind::Unsupported))?;
-            s.iu_len = u32::from(imm) + len;
             // The data goes from the request's buffer itself when its
             // segments fit the SEND: the HCA gathers it (the buffer stays
             // the request's until the SEND completes, which completion
@@ -768,16 +784,30 @@ impl<P: Platform> Engine<P> {
                 .saturating_sub(1)
                 .min(IMM_DATA_SGES);
             let gathered = s
-                .imm_sges
-                .get_mut(..room)
+                .send_sges
+                .get_mut(1..1 + room)
                 .and_then(|out| gather_immediate(command.sg_list, len, conn.reserved_lkey, out));
             if let Some(n) = gathered {
-                s.imm_sge_count = n;
+                // The IU in `tx` is the header alone.
+                s.tx_len = u32::from(imm);
+                let (Some(sge), Some(first)) =
+                    (conn.tx_sge(offset, s.tx_len), s.send_sges.first_mut())
+                else {
+                    return Err(Refusal::Failed(FailureKind::Unsupported));
+                };
+                *first = sge;
+                s.send_sge_count = 1 + n;
                 s.budget = send_wqebbs(1 + n);
                 bump(&t.counters.immediate_writes);
                 return Ok(());
             }
-            s.imm_sge_count = 0;
+            s.tx_len = u32::from(imm) + len;
+            let (Some(sge), Some(first)) = (conn.tx_sge(offset, s.tx_len), s.send_sges.first_mut())
+            else {
+                return Err(Refusal::Failed(FailureKind::Unsupported));
+            };
+            *first = sge;
+            s.send_sge_count = 1;
             let mut chunk = [0u8; COPY_CHUNK];
             let mut done = 0u32;
             while done < len {
@@ -800,7 +830,6 @@ impl<P: Platform> Engine<P> {
         }
         s.immediate = false;
         if s.direction == DataDirection::None {
-            s.iu_len = iu::command_len(command.cdb.len(), 0, neg.formats) as u32;
             s.budget = 1;
             return Ok(());
         }
@@ -831,7 +860,6 @@ impl<P: Platform> Engine<P> {
         if iu_len > neg.max_it_iu_len as usize || iu_len > s.scratch.len() {
             return Err(Refusal::Failed(FailureKind::Unsupported));
         }
-        s.iu_len = iu_len as u32;
         for i in 0..n {
             match conn.pool.get(irql) {
                 Some(mr) => {
@@ -933,7 +961,10 @@ impl<P: Platform> Engine<P> {
         };
         s.sq_pos = batch.position();
         let n = s.mr_count();
-        let need: u32 = send_wqebbs(1 + s.imm_sge_count)
+        // Immediate data's gather list is built already; otherwise the
+        // SEND is the IU alone.
+        let gather_count = if s.immediate { s.send_sge_count } else { 1 };
+        let need: u32 = send_wqebbs(gather_count)
             + s.runs
                 .iter()
                 .take(n)
@@ -1007,32 +1038,25 @@ impl<P: Platform> Engine<P> {
                 .mem()
                 .write(usize::try_from(offset).unwrap_or(usize::MAX), bytes)
                 .map_err(|_| (FailureKind::ConnectionReset, true))?;
-            s.iu_len = u32::try_from(len).unwrap_or(u32::MAX);
+            s.tx_len = u32::try_from(len).unwrap_or(u32::MAX);
+            let (Some(sge), Some(first)) = (conn.tx_sge(offset, s.tx_len), s.send_sges.first_mut())
+            else {
+                return Err((FailureKind::ConnectionReset, true));
+            };
+            *first = sge;
+            s.send_sge_count = 1;
             if n == 1 && s.formats.contains(BufFormats::DIRECT) {
                 bump(&t.counters.direct_commands);
             } else if n > 0 {
                 bump(&t.counters.indirect_commands);
             }
         }
-        let data = s.imm_sges.get(..s.imm_sge_count).unwrap_or(&[]);
-        // With gathered immediate data the IU in `tx` is the header alone.
-        let in_tx = s
-            .iu_len
-            .saturating_sub(data.iter().map(|d| d.len).sum::<u32>());
-        let Some(sge) = conn.tx_sge(offset, in_tx) else {
+        let Some(gather) = s
+            .send_sges
+            .get(..s.send_sge_count)
+            .filter(|g| !g.is_empty())
+        else {
             return Err((FailureKind::ConnectionReset, true));
-        };
-        let sges: [Sge; 1 + IMM_DATA_SGES];
-        let gather = if data.is_empty() {
-            core::slice::from_ref(&sge)
-        } else {
-            let mut all = [sge; 1 + IMM_DATA_SGES];
-            let Some(tail) = all.get_mut(1..1 + data.len()) else {
-                return Err((FailureKind::ConnectionReset, true));
-            };
-            tail.copy_from_slice(data);
-            sges = all;
-            sges.get(..1 + data.len()).unwrap_or(&[])
         };
         let send = batch.send(
             &SendWr::new(Payload::Sges(gather)),
@@ -1186,20 +1210,28 @@ impl<P: Platform> Engine<P> {
         let Some(slot_lock) = ch.slots.get(usize::from(slot)) else {
             return;
         };
+        let mut sense = SenseBuf::new();
         let done = {
             let mut s = slot_lock.lock(irql);
             if !s.matches(conn, generation) || s.phase != SlotPhase::Posted {
                 return;
             }
             step(&mut s);
-            s.take_finished(slot)
+            s.take_finished(slot, &mut sense)
         };
         if let Some(done) = done {
-            self.finish_command(t, ch, done, irql);
+            self.finish_command(t, ch, done, &sense, irql);
         }
     }
 
-    fn finish_command(&self, t: &Target<P>, ch: &Channel<P>, done: Finished, irql: &Dispatch<'_>) {
+    fn finish_command(
+        &self,
+        t: &Target<P>,
+        ch: &Channel<P>,
+        done: Finished,
+        sense: &SenseBuf,
+        irql: &Dispatch<'_>,
+    ) {
         if let Some(tag) = ch.core_tags.get(usize::from(done.slot)) {
             tag.store(0, Ordering::Release);
         }
@@ -1217,7 +1249,7 @@ impl<P: Platform> Engine<P> {
         }
         let result = CommandResult {
             outcome: done.outcome,
-            sense: done.sense.get(..done.sense_len).unwrap_or(&[]),
+            sense,
             residual: done.residual,
         };
         self.upcalls().command_done(done.core, &result, irql);
@@ -1403,6 +1435,7 @@ impl<P: Platform> Engine<P> {
             bump(&t.counters.stale_responses);
             return;
         };
+        let mut sense = SenseBuf::new();
         let (done, broken) = {
             let mut s = slot_lock.lock(irql);
             if !s.matches(conn, tag.generation)
@@ -1420,20 +1453,20 @@ impl<P: Platform> Engine<P> {
                 _ => Residual::None,
             };
             s.response = Some((CommandOutcome::Scsi(rsp.status), res));
-            let sense = rsp.sense.unwrap_or(&[]);
-            let n = sense.len().min(SENSE_MAX);
-            if let (Some(dst), Some(src)) = (s.sense.get_mut(..n), sense.get(..n)) {
+            let rsp_sense = rsp.sense.unwrap_or(&[]);
+            let n = rsp_sense.len().min(SENSE_MAX);
+            if let (Some(dst), Some(src)) = (s.sense.get_mut(..n), rsp_sense.get(..n)) {
                 dst.copy_from_slice(src);
             }
             s.sense_len = n;
             let ok = self.start_invalidation(&mut s, conn, tag.slot, irql);
-            (s.take_finished(tag.slot), !ok)
+            (s.take_finished(tag.slot, &mut sense), !ok)
         };
         if broken {
             self.conn_failed(conn, Cause::Transport, Why::Batch, irql);
         }
         if let Some(done) = done {
-            self.finish_command(t, ch, done, irql);
+            self.finish_command(t, ch, done, &sense, irql);
         }
     }
 
@@ -1594,14 +1627,25 @@ impl<P: Platform> Engine<P> {
         let t = self.target(target).ok_or(TmfRefused::NotConnected)?;
         // Reserve a slot and a credit on every live channel first, so the
         // reset is all or nothing: a channel left out would keep commands
-        // the target may abort without a word.
-        let mut reserved: heapless::Vec<(u8, u16, Arc<Conn<P>>), { MAX_CH_COUNT as usize }> =
+        // the target may abort without a word. A reservation is (channel,
+        // TMF slot, epoch of the connection it was taken on): 8 bytes, not
+        // a connection reference, on this DISPATCH_LEVEL stack.
+        let mut reserved: heapless::Vec<TmfReservation, { MAX_CH_COUNT as usize }> =
             heapless::Vec::new();
         let mut refused = None;
         for ch in t.channels.iter() {
             match self.reserve_tmf(ch, irql) {
                 Ok((index, conn)) => {
-                    if reserved.push((ch.index, index, conn)).is_err() {
+                    let r = TmfReservation {
+                        channel: ch.index,
+                        slot: index,
+                        epoch: conn.epoch,
+                    };
+                    drop(conn);
+                    if reserved.push(r).is_err() {
+                        if let Some(ch) = t.channels.get(usize::from(r.channel)) {
+                            self.unreserve_tmf_of(ch, r.slot, r.epoch, irql);
+                        }
                         refused = Some(TmfRefused::Busy);
                         break;
                     }
@@ -1619,9 +1663,9 @@ impl<P: Platform> Engine<P> {
             None => None,
         };
         if let Some(e) = refused {
-            for (channel, index, conn) in reserved {
-                if let Some(ch) = t.channels.get(usize::from(channel)) {
-                    self.unreserve_tmf(ch, index, &conn, irql);
+            for r in reserved {
+                if let Some(ch) = t.channels.get(usize::from(r.channel)) {
+                    self.unreserve_tmf_of(ch, r.slot, r.epoch, irql);
                 }
             }
             return Err(e);
@@ -1630,17 +1674,18 @@ impl<P: Platform> Engine<P> {
         // answer arriving meanwhile cannot finish it early.
         let count = u8::try_from(reserved.len()).unwrap_or(u8::MAX);
         if !self.lun_resets.open(tmf, count.saturating_add(1), irql) {
-            for (channel, index, conn) in reserved {
-                if let Some(ch) = t.channels.get(usize::from(channel)) {
-                    self.unreserve_tmf(ch, index, &conn, irql);
+            for r in reserved {
+                if let Some(ch) = t.channels.get(usize::from(r.channel)) {
+                    self.unreserve_tmf_of(ch, r.slot, r.epoch, irql);
                 }
             }
             return Err(TmfRefused::Busy);
         }
-        for (channel, index, conn) in reserved {
-            let Some(ch) = t.channels.get(usize::from(channel)) else {
+        for r in reserved {
+            let Some(ch) = t.channels.get(usize::from(r.channel)) else {
                 continue;
             };
+            let index = r.slot;
             let iu = TmfIu {
                 function: TaskMgmtFunction::LunReset,
                 lun,
@@ -1648,11 +1693,16 @@ impl<P: Platform> Engine<P> {
                 victim: None,
                 core: tmf,
             };
-            let sent = self.post_tmf(ch, index, &conn, iu, irql);
+            // The connection the reservation was taken on, if it is still
+            // the channel's (else it ended meanwhile: not sent).
+            let conn = ch.state.lock(irql).conn_of(r.epoch);
+            let sent = conn
+                .as_ref()
+                .is_some_and(|conn| self.post_tmf(ch, index, conn, iu, irql));
             if !sent {
                 // This channel's connection is failing: its flush fences
                 // its commands. Count it as answered by the transport.
-                self.unreserve_tmf(ch, index, &conn, irql);
+                self.unreserve_tmf_of(ch, index, r.epoch, irql);
                 self.group_member_done(
                     tmf,
                     TmfResponse::Transport(FailureKind::ConnectionReset),
@@ -1706,9 +1756,16 @@ impl<P: Platform> Engine<P> {
         conn: &Arc<Conn<P>>,
         irql: &impl LeDispatch,
     ) {
+        self.unreserve_tmf_of(ch, index, conn.epoch, irql);
+    }
+
+    /// [`Self::unreserve_tmf`] by the epoch of the connection the
+    /// reservation was taken on: its credit goes back only to that
+    /// connection.
+    fn unreserve_tmf_of(&self, ch: &Channel<P>, index: u16, epoch: u32, irql: &impl LeDispatch) {
         let mut st = ch.state.lock(irql);
         let _ = st.tmf_free.push(index);
-        if st.is_current(conn) {
+        if st.epoch_is(epoch) {
             st.credits.give_back();
         }
     }
@@ -1863,6 +1920,7 @@ impl<P: Platform> Engine<P> {
                         // channel (see `reset_lun`).
                         continue;
                     }
+                    let mut sense = SenseBuf::new();
                     let (marked, done, broken) = {
                         let mut v = vslot.lock(irql);
                         // A LUN reset covers what its channel carried
@@ -1893,7 +1951,7 @@ impl<P: Platform> Engine<P> {
                                 Some(c) => self.start_invalidation(&mut v, c, index, irql),
                                 None => true,
                             };
-                            (true, v.take_finished(index), !ok)
+                            (true, v.take_finished(index, &mut sense), !ok)
                         }
                     };
                     if marked {
@@ -1903,7 +1961,7 @@ impl<P: Platform> Engine<P> {
                         self.target_failed(t, irql);
                     }
                     if let Some(done) = done {
-                        self.finish_command(t, vch, done, irql);
+                        self.finish_command(t, vch, done, &sense, irql);
                     }
                 }
             }
@@ -2073,6 +2131,7 @@ impl<P: Platform> Engine<P> {
             return;
         };
         let outcome = self.fence_outcome(t, conn, irql);
+        let mut sense = SenseBuf::new();
         for (i, slot_lock) in ch.slots.iter().enumerate() {
             let index = u16::try_from(i).unwrap_or(u16::MAX);
             let done = {
@@ -2098,12 +2157,12 @@ impl<P: Platform> Engine<P> {
                         s.send_done = true;
                         s.inv_done = true;
                         s.drop_mrs();
-                        s.take_finished(index)
+                        s.take_finished(index, &mut sense)
                     }
                 }
             };
             if let Some(done) = done {
-                self.finish_command(t, ch, done, irql);
+                self.finish_command(t, ch, done, &sense, irql);
             }
         }
         let kind = match outcome {

@@ -579,9 +579,11 @@ pub(crate) struct ConnHandler<P: Platform> {
 }
 
 impl<P: Platform> ConnHandler<P> {
-    fn get(&self, irql: &impl LeDispatch) -> Option<EngineAndConn<P>> {
+    /// The engine and the connection, while both live. Every caller runs
+    /// at `DISPATCH_LEVEL` (a CQ's DPC, a QP or CM event).
+    fn get(&self, irql: &Dispatch<'_>) -> Option<EngineAndConn<P>> {
         let engine = self.engine.upgrade()?;
-        let conn = self.conn.lock(irql).upgrade()?;
+        let conn = self.conn.lock_at_dpc_level(irql).upgrade()?;
         Some((engine, conn))
     }
 }
@@ -590,6 +592,25 @@ impl<P: Platform> CqHandler<WrCtx> for ConnHandler<P> {
     fn on_completion(&self, completion: Completion<WrCtx>, irql: &Dispatch<'_>) {
         if let Some((engine, conn)) = self.get(irql) {
             engine.on_completion(&conn, completion, irql);
+        }
+    }
+
+    /// The engine and the connection are looked up once per polled batch,
+    /// not once per completion.
+    fn on_completions(
+        &self,
+        completions: &mut dyn Iterator<Item = Completion<WrCtx>>,
+        irql: &Dispatch<'_>,
+    ) {
+        match self.get(irql) {
+            Some((engine, conn)) => {
+                for completion in completions {
+                    engine.on_completion(&conn, completion, irql);
+                }
+            }
+            // The connection is gone: its completions have no one to
+            // reach (as `on_completion` drops them).
+            None => completions.for_each(drop),
         }
     }
 }
