@@ -1929,6 +1929,37 @@ fn corruption_is_caught_by_the_icrc() {
     assert!(s.dropped_bad_icrc > 0);
 }
 
+/// The ICRC is trusted (computed once, at emit) only on an in-process link
+/// with no fault configuration and no capture; a configured link, even one
+/// whose faults are all zero, and a running capture keep the full check.
+#[test]
+fn icrc_is_trusted_only_on_a_plain_in_process_link() {
+    let run = |setup: &dyn Fn(&Fabric, &Node, &Node)| {
+        let f = Fabric::stepped();
+        let (mut a, mut b) = rc_pair(&f, RcOptions::default()).unwrap();
+        setup(&f, &a, &b);
+        let before = f.stats();
+        let (_src, dst) = lossless_send(&f, &mut a, &mut b, 4, 9000);
+        f.run_until_idle();
+        assert_eq!(a.cq.drain().len(), 4);
+        assert_eq!(b.cq.drain().len(), 4);
+        assert_eq!(dst.bytes(0, 36_000), pattern(36_000, 11));
+        let s = f.stats();
+        let delivered = s.frames_delivered - before.frames_delivered;
+        assert!(delivered >= 8, "{s:?}");
+        (delivered, s.icrc_trusted - before.icrc_trusted)
+    };
+    let (delivered, trusted) = run(&|_, _, _| {});
+    assert_eq!(trusted, delivered);
+    let (_, trusted) = run(&|f, a, b| {
+        f.set_link_faults(&a.hca, &b.hca, FaultConfig::default());
+        f.set_link_faults(&b.hca, &a.hca, FaultConfig::default());
+    });
+    assert_eq!(trusted, 0);
+    let (_, trusted) = run(&|f, _, _| f.set_capture(true));
+    assert_eq!(trusted, 0);
+}
+
 #[test]
 fn rnr_retry_seven_is_infinite() {
     let f = Fabric::stepped();
