@@ -96,12 +96,24 @@ impl Outbox {
 /// Most spare frame buffers a thread keeps.
 const FRAME_POOL_MAX: usize = 1024;
 
+/// Frames of at most this many bytes (ACKs, SRP responses, READ requests)
+/// take their buffers from a pool of their own.
+const SMALL_FRAME: usize = 256;
+
 thread_local! {
     /// Frame buffers of delivered frames, reused by the next frames this
     /// thread emits: a zeroed heap allocation per frame cost more than the
     /// rest of its framing (about 1,350 instructions of ~8,000 per 1 KiB
-    /// packet, allocation and memset).
-    static FRAME_POOL: RefCell<Vec<Vec<u8>>> = const { RefCell::new(Vec::new()) };
+    /// packet, allocation and memset). Two pools, small frames and the
+    /// rest: with one, a data frame that took an ACK's buffer zero-filled
+    /// the ~4 KiB it grew by.
+    static FRAME_POOL: RefCell<[Vec<Vec<u8>>; 2]> =
+        const { RefCell::new([Vec::new(), Vec::new()]) };
+}
+
+/// The pool of a frame of `len` bytes (or a buffer of that capacity).
+fn frame_class(len: usize) -> usize {
+    usize::from(len > SMALL_FRAME)
 }
 
 /// A buffer of `frame.buffer_len()` bytes for `frame.emit`, taken from the
@@ -112,7 +124,11 @@ thread_local! {
 fn frame_buffer(frame: &RoceV2FrameRepr<'_>) -> Vec<u8> {
     let total = frame.buffer_len();
     let mut buf = FRAME_POOL
-        .with(|p| p.borrow_mut().pop())
+        .with(|p| {
+            p.borrow_mut()
+                .get_mut(frame_class(total))
+                .and_then(Vec::pop)
+        })
         .unwrap_or_default();
     if buf.len() > total {
         buf.truncate(total);
@@ -144,8 +160,10 @@ pub(crate) fn poison_frame_pool() {
 pub(crate) fn recycle_frame(buf: Vec<u8>) {
     FRAME_POOL.with(|p| {
         let mut p = p.borrow_mut();
-        if p.len() < FRAME_POOL_MAX {
-            p.push(buf);
+        if let Some(pool) = p.get_mut(frame_class(buf.capacity())) {
+            if pool.len() < FRAME_POOL_MAX {
+                pool.push(buf);
+            }
         }
     });
 }
