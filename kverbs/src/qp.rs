@@ -1062,6 +1062,15 @@ impl<'q, P: Platform, C: Send + 'static> SendBatch<'q, P, C> {
         })
     }
 
+    /// Where the next work request of this batch goes in the send queue
+    /// (the WQEBB counter, wrapping). Batches are serialised by the send
+    /// lock, so a batch opened at an earlier position (in serial-number
+    /// order) reaches the wire first: a consumer compares positions to
+    /// tell whether one request was posted before another on this QP.
+    pub fn position(&self) -> u32 {
+        self.pi
+    }
+
     /// WQEBBs still free for this batch (the marker's excluded).
     pub fn free_wqebbs(&self) -> u32 {
         let used = self.pi.wrapping_sub(self.producer.published());

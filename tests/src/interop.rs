@@ -491,6 +491,29 @@ impl<T: InteropEngine> Interop<T> {
         self.model.miniport().transport()
     }
 
+    /// Asserts that every I/O succeeded and completed exactly once; a
+    /// failure names the I/O and the engine's counters (why the connection
+    /// last ended, which session failure), so a rare one is diagnosable.
+    ///
+    /// # Panics
+    /// On the first that did not, named with `what`.
+    pub fn all_succeeded(&self, done: &[IoDone], what: &str, p: &Passive<'_>) {
+        if let Some(bad) = done
+            .iter()
+            .find(|d| d.outcome.status.base() != SrbStatus::SUCCESS || d.outcome.completions != 1)
+        {
+            panic!(
+                "{what}: {bad:?} ({} of {} not SUCCESS once)\nengine: {:?}",
+                done.iter()
+                    .filter(|d| d.outcome.status.base() != SrbStatus::SUCCESS
+                        || d.outcome.completions != 1)
+                    .count(),
+                done.len(),
+                self.stats(p)
+            );
+        }
+    }
+
     /// The target's counters (engine side).
     #[must_use]
     pub fn stats(&self, p: &Passive<'_>) -> T::Stats {
@@ -1000,17 +1023,6 @@ impl Record {
     }
 }
 
-/// Asserts that every I/O succeeded and completed exactly once.
-///
-/// # Panics
-/// On the first that did not, named with `what`.
-pub fn all_succeeded(done: &[IoDone], what: &str) {
-    for d in done {
-        assert_eq!(d.outcome.status.base(), SrbStatus::SUCCESS, "{what}: {d:?}");
-        assert_eq!(d.outcome.completions, 1, "{what}: {d:?}");
-    }
-}
-
 /// Non-overlapping large I/O on `lun`, one stripe of `bytes` each,
 /// alternately writes (random data) and reads, per-page buffers.
 #[must_use]
@@ -1114,7 +1126,7 @@ impl<T: InteropEngine> Interop<T> {
             }
         }
         let done = self.run_ios(&ios, 16, shadows, Duration::from_secs(300), p);
-        all_succeeded(&done, "verify");
+        self.all_succeeded(&done, "verify", p);
         let mut rewrite = Vec::new();
         for (lun, sh) in shadows.iter() {
             if sh.all_known() {
@@ -1138,7 +1150,7 @@ impl<T: InteropEngine> Interop<T> {
             }
         }
         let done = self.run_ios(&rewrite, 16, shadows, Duration::from_secs(300), p);
-        all_succeeded(&done, "rewrite");
+        self.all_succeeded(&done, "rewrite", p);
     }
 }
 
@@ -1489,7 +1501,7 @@ impl<T: InteropEngine> Interop<T> {
             .map(adapt)
             .collect();
         let done = self.run_ios(&ios, 16, shadows, Duration::from_secs(300), p);
-        all_succeeded(&done, "after reconnect");
+        self.all_succeeded(&done, "after reconnect", p);
         ios.len()
     }
 }

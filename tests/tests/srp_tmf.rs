@@ -296,3 +296,79 @@ fn tmf_timeout_is_reported_and_the_late_answer_ignored() {
         );
     });
 }
+
+/// A LUN reset covers the commands its channel carried *before* the TMF,
+/// not those posted on the channel while its answer is on the way: the
+/// target runs those after the reset, as new tasks. One channel's target
+/// thread is held in a command of LUN 1, LUN 0 is reset (its TMF queues
+/// behind the held command on that channel), then READs of LUN 0 go out on
+/// both channels. Were they counted as reset when the held channel's
+/// answer arrives, the initiator would complete and fence them while the
+/// target still runs them: their RDMA WRITEs hit invalidated keys and the
+/// connection dies.
+#[test]
+fn commands_posted_after_a_lun_reset_are_not_covered_by_it() {
+    let config = StackConfig {
+        targets: vec![wide()],
+        ..StackConfig::default()
+    };
+    Stack::run(&config, |s, p| {
+        let target = s.target(0);
+        for round in 0..2u64 {
+            let lun1_read = RequestSpec::scsi_in(
+                Address::new(0, 0, 1),
+                &kverbs_tests::rw_cdb(true, round, 1),
+                s.block_len(0, 1),
+            );
+            target.set_misbehaviour(
+                Misbehaviour::ScsiFault(
+                    FaultRule::delay(Duration::from_millis(800))
+                        .on_lun(1)
+                        .times(1),
+                ),
+                p,
+            );
+            let stall = s.submit(&lun1_read, p);
+            std::thread::sleep(Duration::from_millis(100));
+            let reset = s.submit(
+                &RequestSpec::function(SrbFunction::ResetLogicalUnit, Address::new(0, 0, 0)),
+                p,
+            );
+            // The reset's TMFs are on both wires before these are posted.
+            assert!(s.wait_until(Duration::from_secs(5), || {
+                s.stats(0, p).tmfs_sent >= 2 * (round + 1)
+            }));
+            let mut w = Workload::new(77 + round);
+            let after = w.disjoint_ios(16, 0, 0, 512, 32768, 4096, 4096, 1.0);
+            let ids = submit_all(s, &after, p);
+            let mut all = ids.clone();
+            all.extend([reset, stall]);
+            let outcomes = s.wait(&all, Duration::from_secs(20), None, p);
+            for (id, o) in all.iter().zip(&outcomes) {
+                assert_eq!(o.completions, 1, "round {round}: {id} {o:?}");
+            }
+            for (id, o) in ids.iter().zip(&outcomes) {
+                assert_eq!(
+                    o.status.base(),
+                    SrbStatus::SUCCESS,
+                    "round {round}: READ {id} posted after the reset: {o:?}; {:?} {:?}",
+                    s.stats(0, p),
+                    target.counters()
+                );
+            }
+            let answer = s.model.outcome(reset).unwrap();
+            assert_eq!(
+                answer.status.base(),
+                SrbStatus::SUCCESS,
+                "round {round}: {answer:?}"
+            );
+            let (st, c) = (s.stats(0, p), target.counters());
+            assert_eq!(
+                (st.transport_failures, c.wr_errors, c.protection_errors),
+                (0, 0, 0),
+                "round {round}: {st:?} {c:?}"
+            );
+        }
+        target.clear_misbehaviour();
+    });
+}

@@ -47,9 +47,8 @@ use std::time::{Duration, Instant};
 use kverbs::irql::Passive;
 use kverbs::platform::host::VerifierAllocator;
 use kverbs_tests::interop::{
-    Interop, InteropConfig, LinkWire, MIB, PcapGuard, Record, ShadowDisk, all_succeeded,
-    command_in_ua, exec, interop_platform, prepared_or_skip, spread, target_log, wait_until,
-    workload,
+    Interop, InteropConfig, LinkWire, MIB, PcapGuard, Record, ShadowDisk, command_in_ua, exec,
+    interop_platform, prepared_or_skip, spread, target_log, wait_until, workload,
 };
 use kverbs_tests::iser::INITIATOR_NAME;
 use kverbs_tests::{Io, Op, env_count};
@@ -374,9 +373,9 @@ fn iser_through_the_miniport_against_linux_isert() {
         let before = s.stats(p);
         let t = Instant::now();
         let done = s.run_ios(&ios, 16, &mut shadows, Duration::from_secs(300), p);
-        all_succeeded(&done, "InitialR2T=No");
+        s.all_succeeded(&done, "InitialR2T=No", p);
         let done = s.run_ios(&reads, 16, &mut shadows, Duration::from_secs(300), p);
-        all_succeeded(&done, "InitialR2T=No read back");
+        s.all_succeeded(&done, "InitialR2T=No read back", p);
         let st = s.stats(p);
         assert_eq!((st.logins, st.transport_failures), (1, 0), "{st:?}");
         assert!(st.immediate_writes > before.immediate_writes, "{st:?}");
@@ -446,9 +445,9 @@ fn data_phase(
             };
             let mut one = BTreeMap::from([(*lun, sh.clone())]);
             let done = s.run_ios(&[write], 1, &mut one, Duration::from_secs(60), p);
-            all_succeeded(&done, &format!("LUN {lun}: first write of {bytes} B"));
+            s.all_succeeded(&done, &format!("LUN {lun}: first write of {bytes} B"), p);
             let done = s.run_ios(&[read], 1, &mut one, Duration::from_secs(60), p);
-            all_succeeded(&done, &format!("LUN {lun}: first read of {bytes} B"));
+            s.all_succeeded(&done, &format!("LUN {lun}: first read of {bytes} B"), p);
             if let Some(updated) = one.remove(lun) {
                 *sh = updated;
             }
@@ -489,9 +488,9 @@ fn data_phase(
         .map(|io| u64::from(io.blocks * io.block_len))
         .sum();
     let done = s.run_ios(&fill, 8, shadows, Duration::from_secs(300), p);
-    all_succeeded(&done, "fill");
+    s.all_succeeded(&done, "fill", p);
     let done = s.run_ios(&read_all, 8, shadows, Duration::from_secs(300), p);
-    all_succeeded(&done, "read back");
+    s.all_succeeded(&done, "read back", p);
     assert!(shadows.values().all(ShadowDisk::all_known));
     let secs = t.elapsed().as_secs_f64();
     rec.note(format!(
@@ -534,7 +533,7 @@ fn data_phase(
         spread(&mut rng, &mut ios, depth, shadows);
         let t = Instant::now();
         let (done, queue) = s.run_ios_measured(&ios, depth, shadows, Duration::from_secs(240), p);
-        all_succeeded(&done, &format!("depth {depth}"));
+        s.all_succeeded(&done, &format!("depth {depth}"), p);
         // The queue really was that deep at least once (the engine took
         // every command: nothing overlapping held the run below it).
         assert_eq!(queue.peak, depth, "depth {depth}: {queue:?}");
@@ -563,13 +562,15 @@ fn data_phase(
     assert_eq!(st.data_out_pdus, 0, "{st:?}");
     assert!(st.immediate_writes > 0, "{st:?}");
     rec.note(format!(
-        "engine: {} completed, {} immediate writes, {} Data-Out PDUs, {} remote / {} local invalidations, busy {}",
+        "engine: {} completed, {} immediate writes, {} Data-Out PDUs, {} remote / {} local invalidations, busy {}, \
+         {} responses ahead of an older StatSN",
         st.completed,
         st.immediate_writes,
         st.data_out_pdus,
         st.remote_invalidations,
         st.local_invalidations,
-        st.busy
+        st.busy,
+        st.statuses_out_of_order
     ));
 
     // The fileio LUN's backing file, hashed in the VM.

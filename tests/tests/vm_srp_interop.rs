@@ -35,8 +35,8 @@ use std::time::{Duration, Instant};
 use kverbs::irql::Passive;
 use kverbs::platform::host::VerifierAllocator;
 use kverbs_tests::interop::{
-    Interop, InteropConfig, LinkWire, MIB, PcapGuard, Record, ShadowDisk, all_succeeded,
-    command_in_ua, exec, interop_platform, prepared_or_skip, spread, wait_until, workload,
+    Interop, InteropConfig, LinkWire, MIB, PcapGuard, Record, ShadowDisk, command_in_ua, exec,
+    interop_platform, prepared_or_skip, spread, wait_until, workload,
 };
 use kverbs_tests::{Io, Op, env_count};
 use kverbs_tools::vm::{Vm, VmConfig};
@@ -246,7 +246,7 @@ fn srp_through_the_miniport_against_linux_srpt() {
         }
         let t = Instant::now();
         let done = s.run_ios(&ios, 32, &mut shadows, Duration::from_secs(300), p);
-        all_succeeded(&done, "two channels");
+        s.all_succeeded(&done, "two channels", p);
         let checked = ios.iter().filter(|io| io.op == Op::Read).count();
         // A LUN reset with I/O in flight on both channels: it goes out on
         // each (RC orders it only behind its own channel's commands), LIO
@@ -334,9 +334,9 @@ fn data_phase(
         .map(|io| u64::from(io.blocks * io.block_len))
         .sum();
     let done = s.run_ios(&fill, 8, shadows, Duration::from_secs(300), p);
-    all_succeeded(&done, "fill");
+    s.all_succeeded(&done, "fill", p);
     let done = s.run_ios(&read_all, 8, shadows, Duration::from_secs(300), p);
-    all_succeeded(&done, "read back");
+    s.all_succeeded(&done, "read back", p);
     assert!(shadows.values().all(ShadowDisk::all_known));
     let secs = t.elapsed().as_secs_f64();
     rec.note(format!(
@@ -372,7 +372,7 @@ fn data_phase(
         spread(&mut rng, &mut ios, depth, shadows);
         let t = Instant::now();
         let (done, queue) = s.run_ios_measured(&ios, depth, shadows, Duration::from_secs(240), p);
-        all_succeeded(&done, &format!("depth {depth}"));
+        s.all_succeeded(&done, &format!("depth {depth}"), p);
         assert_eq!(queue.peak, depth, "depth {depth}: {queue:?}");
         let secs = t.elapsed().as_secs_f64();
         let bytes: u64 = ios

@@ -1040,15 +1040,71 @@ fn target_drop_and_statsn_gap_fail_the_session() {
         IscsiTarget::new(TargetConfig::lio(TARGET), scsi_target()),
         description(""),
     );
+    // A skipped StatSN is first taken for a response still on its way
+    // (targets build responses on several threads): the command
+    // completes, ExpStatSN stays at the missing one. Once more statuses
+    // arrived after the hole than the session can have outstanding, the
+    // hole is a lost status and the session fails.
+    let missing = h.session.exp_stat_sn();
     h.target.misbehaviour.skip_stat_sn = true;
-    h.submit(Tag(1), &[0u8; 6], DataDirection::None, vec![], 0, 0)
-        .unwrap();
-    assert!(matches!(
-        h.deliver_all(),
-        Err(SessionFailure::Protocol(
-            storport_srp::iscsi::session::Violation::StatSn { .. }
-        ))
-    ));
+    let mut failure = None;
+    for tag in 1..=1000u32 {
+        h.submit(Tag(tag), &[0u8; 6], DataDirection::None, vec![], 0, 0)
+            .unwrap();
+        match h.deliver_all() {
+            Ok(()) => assert_eq!(h.session.exp_stat_sn(), missing, "tag {tag}"),
+            Err(f) => {
+                failure = Some((tag, f));
+                break;
+            }
+        }
+    }
+    let (tag, failure) = failure.expect("the hole is never detected");
+    assert!(
+        matches!(
+            failure,
+            SessionFailure::Protocol(storport_srp::iscsi::session::Violation::StatSn { .. })
+        ),
+        "{failure:?}"
+    );
+    // The ring holds twice the task table, rounded up to a power of two.
+    assert!(tag >= 64, "a reordering window, not a strict order: {tag}");
+    assert_eq!(
+        h.rec.done.len() as u32,
+        tag - 1,
+        "every earlier command completed"
+    );
+}
+
+/// A target that builds responses on several threads (LIO: SCSI
+/// Responses on the completing thread, NOP-In and TMF answers on its
+/// transmit thread) can put them on the wire out of StatSN order. Every
+/// permutation of a batch is taken, and ExpStatSN ends past all of them.
+#[test]
+fn responses_delivered_out_of_stat_sn_order_all_complete() {
+    for seed in 0..32u64 {
+        let mut h = Harness::new(
+            IscsiTarget::new(TargetConfig::lio(TARGET), scsi_target()),
+            description(""),
+        );
+        let first = h.session.exp_stat_sn();
+        for tag in 1..=16u32 {
+            h.submit(Tag(tag), &[0u8; 6], DataDirection::None, vec![], 0, 0)
+                .unwrap();
+        }
+        assert_eq!(h.to_initiator.len(), 16, "one response per command");
+        let mut order: Vec<Vec<u8>> = h.to_initiator.drain(..).collect();
+        fastrand::Rng::with_seed(seed).shuffle(&mut order);
+        h.to_initiator.extend(order);
+        h.deliver_all()
+            .unwrap_or_else(|f| panic!("seed {seed}: {f:?}"));
+        assert_eq!(h.rec.done.len(), 16, "seed {seed}");
+        assert_eq!(
+            h.session.exp_stat_sn(),
+            first.add(16).unwrap(),
+            "seed {seed}: every status acknowledged"
+        );
+    }
 }
 
 #[test]

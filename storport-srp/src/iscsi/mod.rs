@@ -40,6 +40,7 @@ pub mod description;
 pub mod login;
 pub mod recovery;
 pub mod session;
+pub mod stat_sn;
 
 use core::fmt;
 

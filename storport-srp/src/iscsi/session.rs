@@ -26,8 +26,10 @@
 //! # What the target may do
 //! Every PDU from the target updates ExpCmdSN/MaxCmdSN (ignored when
 //! MaxCmdSN < ExpCmdSN - 1) and is checked: a status-carrying PDU must
-//! carry exactly the expected StatSN (ERL 0 cannot recover a lost
-//! status), its ITT must name a task of the right kind, its data segment
+//! carry a StatSN within the statuses the session can have outstanding
+//! (targets may send responses out of StatSN order; ExpStatSN stays at the
+//! oldest one missing, see [`stat_sn`](super::stat_sn)), its ITT must name
+//! a task of the right kind, its data segment
 //! must fit the negotiated `InitiatorRecvDataSegmentLength`. A breach is a
 //! [`SessionFailure`]; the engine then drops the connection, fences the
 //! buffers (flush), calls [`Session::terminate_all`] and lets
@@ -60,6 +62,7 @@ use kverbs::platform::AllocError;
 
 use super::description::Timeouts;
 use super::login::Negotiated;
+use super::stat_sn::{Arrival, StatSnTracker};
 use super::{Millis, earliest};
 use crate::miniport::transport::{
     CommandOutcome, CommandResult, FailureKind, ImmediateData, PrepareError, Residual, Tag,
@@ -135,7 +138,8 @@ pub enum Violation {
     UnexpectedOpcode(u8),
     /// An ITT naming no outstanding task of the PDU's kind.
     UnknownItt(u32),
-    /// A StatSN other than the expected one.
+    /// A StatSN further from ExpStatSN, behind or ahead, than the session
+    /// can have statuses outstanding.
     StatSn {
         /// Expected.
         expected: u32,
@@ -319,7 +323,8 @@ pub struct Session {
     exp_cmd_sn: SerialNumber,
     max_cmd_sn: SerialNumber,
     reserved: u32,
-    exp_stat_sn: SerialNumber,
+    stat_sn: StatSnTracker,
+    statuses_out_of_order: u32,
     busy_reported: bool,
     window_stall_since: Option<Millis>,
     control: Deque<Control, CONTROL_QUEUE>,
@@ -339,7 +344,7 @@ impl fmt::Debug for Session {
             .field("cmd_sn", &self.cmd_sn)
             .field("exp_cmd_sn", &self.exp_cmd_sn)
             .field("max_cmd_sn", &self.max_cmd_sn)
-            .field("exp_stat_sn", &self.exp_stat_sn)
+            .field("exp_stat_sn", &self.stat_sn.expected())
             .field("commands_outstanding", &self.commands_outstanding)
             .finish_non_exhaustive()
     }
@@ -428,6 +433,10 @@ impl Session {
                 next_free: if i + 1 < slots { i + 1 } else { NO_SLOT },
             });
         }
+        // Statuses outstanding: one per task at most, plus the target's
+        // Async Messages; twice the table is ample.
+        let stat_sn = StatSnTracker::new(neg.exp_stat_sn, u32::from(slots).saturating_mul(2))
+            .map_err(|_| AllocError)?;
         Ok(Self {
             neg: *neg,
             timeouts: *timeouts,
@@ -441,7 +450,8 @@ impl Session {
             exp_cmd_sn: neg.exp_cmd_sn,
             max_cmd_sn: neg.max_cmd_sn,
             reserved: 0,
-            exp_stat_sn: neg.exp_stat_sn,
+            stat_sn,
+            statuses_out_of_order: 0,
             busy_reported: false,
             window_stall_since: None,
             control: Deque::new(),
@@ -482,7 +492,15 @@ impl Session {
     /// The StatSN expected next.
     #[must_use]
     pub const fn exp_stat_sn(&self) -> SerialNumber {
-        self.exp_stat_sn
+        self.stat_sn.expected()
+    }
+
+    /// Statuses that arrived ahead of an older one or repeated a number
+    /// (wrapping count): how often the target's responses crossed on the
+    /// wire.
+    #[must_use]
+    pub const fn statuses_out_of_order(&self) -> u32 {
+        self.statuses_out_of_order
     }
 
     /// Commands prepared or posted and not yet completed.
@@ -680,7 +698,7 @@ impl Session {
             itt,
             expected_data_len: cmd.transfer_length,
             cmd_sn: self.cmd_sn,
-            exp_stat_sn: self.exp_stat_sn,
+            exp_stat_sn: self.stat_sn.expected(),
             cdb,
         };
         BhsRepr::ScsiCommand(repr)
@@ -746,7 +764,7 @@ impl Session {
             lun,
             itt: prepared.itt,
             ttt: RESERVED_TAG,
-            exp_stat_sn: self.exp_stat_sn,
+            exp_stat_sn: self.stat_sn.expected(),
             data_sn: SerialNumber(index),
             buffer_offset: offset,
         };
@@ -798,7 +816,7 @@ impl Session {
             b.copy_from_slice(&cmd_sn.0.to_be_bytes());
         }
         if let Some(b) = buf.get_mut(EXP_STAT_SN_OFFSET..EXP_STAT_SN_OFFSET + 4) {
-            b.copy_from_slice(&self.exp_stat_sn.0.to_be_bytes());
+            b.copy_from_slice(&self.stat_sn.expected().0.to_be_bytes());
         }
         if let Some(task) = self.tasks.get_mut(usize::from(prepared.slot)) {
             if let TaskKind::Command { cmd_sn: sn, .. } = &mut task.kind {
@@ -1053,7 +1071,7 @@ impl Session {
                 itt: RESERVED_TAG,
                 ttt,
                 cmd_sn: self.cmd_sn,
-                exp_stat_sn: self.exp_stat_sn,
+                exp_stat_sn: self.stat_sn.expected(),
             }),
             Control::Ping { itt } => BhsRepr::NopOut(NopOutRepr {
                 immediate: true,
@@ -1061,7 +1079,7 @@ impl Session {
                 itt,
                 ttt: RESERVED_TAG,
                 cmd_sn: self.cmd_sn,
-                exp_stat_sn: self.exp_stat_sn,
+                exp_stat_sn: self.stat_sn.expected(),
             }),
             Control::Tmf { slot } => {
                 let itt = self.itt_of(slot);
@@ -1090,7 +1108,7 @@ impl Session {
                     itt,
                     rtt: victim.map_or(RESERVED_TAG, |(_, vitt)| vitt),
                     cmd_sn,
-                    exp_stat_sn: self.exp_stat_sn,
+                    exp_stat_sn: self.stat_sn.expected(),
                     ref_cmd_sn,
                     exp_data_sn: 0,
                 })
@@ -1101,7 +1119,7 @@ impl Session {
                 itt,
                 cid: self.cid,
                 cmd_sn: self.cmd_sn,
-                exp_stat_sn: self.exp_stat_sn,
+                exp_stat_sn: self.stat_sn.expected(),
             }),
             Control::Text { itt } => BhsRepr::TextRequest(TextRequestRepr {
                 immediate: true,
@@ -1111,7 +1129,7 @@ impl Session {
                 itt,
                 ttt: RESERVED_TAG,
                 cmd_sn: self.cmd_sn,
-                exp_stat_sn: self.exp_stat_sn,
+                exp_stat_sn: self.stat_sn.expected(),
             }),
         };
         let pdu = IscsiPdu {
@@ -1164,13 +1182,16 @@ impl Session {
     }
 
     fn check_stat_sn(&mut self, stat_sn: SerialNumber) -> Result<(), SessionFailure> {
-        if stat_sn != self.exp_stat_sn {
-            return Err(violation(Violation::StatSn {
-                expected: self.exp_stat_sn.0,
+        let expected = self.stat_sn.expected();
+        let arrival = self.stat_sn.receive(stat_sn).map_err(|_| {
+            violation(Violation::StatSn {
+                expected: expected.0,
                 received: stat_sn.0,
-            }));
+            })
+        })?;
+        if arrival != Arrival::InOrder {
+            self.statuses_out_of_order = self.statuses_out_of_order.wrapping_add(1);
         }
-        self.exp_stat_sn = stat_sn.next();
         Ok(())
     }
 

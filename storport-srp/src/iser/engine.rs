@@ -138,6 +138,12 @@ pub struct IserStats {
     /// protocol, `5` bogus remote invalidation, `6` session failure, `7`
     /// post failure, `8` reset, `9` stop, `10` logged out).
     pub last_failure: u32,
+    /// The session failure behind the last `6`/`4` above, for diagnosis.
+    pub last_session_failure: Option<SessionFailure>,
+    /// Responses that arrived ahead of an older StatSN or repeated one
+    /// (the target built them on different threads); taken, and
+    /// acknowledged in order.
+    pub statuses_out_of_order: u64,
     /// Whether the current connection's target invalidates remotely.
     pub remote_invalidate: bool,
     /// Commands fenced by a validated remote invalidation.
@@ -169,6 +175,7 @@ struct Counters {
     login_failures: AtomicU64,
     transport_failures: AtomicU64,
     last_failure: AtomicU32,
+    statuses_out_of_order: AtomicU64,
     remote_invalidate: AtomicBool,
     remote_invalidations: AtomicU64,
     local_invalidations: AtomicU64,
@@ -572,6 +579,8 @@ struct TState<P: Platform> {
     session_epoch: u32,
     /// Why the current connection is ending.
     why: Option<Why>,
+    /// What the session last failed of (with `Why::Session`/`Protocol`).
+    last_session_failure: Option<SessionFailure>,
     time2wait: u16,
     /// The connection reached the full feature phase.
     was_full: bool,
@@ -935,6 +944,7 @@ impl<P: Platform> Engine<P> {
                     if let SessionFailure::TargetDropping { time2wait } = f {
                         st.time2wait = time2wait;
                     }
+                    st.last_session_failure = Some(f);
                     fail = Some(Why::Session);
                 }
             }
@@ -1658,6 +1668,7 @@ impl<P: Platform> Engine<P> {
             window_opened,
             snd_w_inv,
             time2wait,
+            last_session_failure,
             ..
         } = st;
         let buf = rx_scratch.get_mut(..len)?;
@@ -1693,10 +1704,16 @@ impl<P: Platform> Engine<P> {
             window_opened,
         };
         let now = now_ms::<P>();
-        if let Err(f) = session.handle_pdu(now, pdu, &mut events) {
+        let crossed = session.statuses_out_of_order();
+        let handled = session.handle_pdu(now, pdu, &mut events);
+        if session.statuses_out_of_order() != crossed {
+            bump(&t.counters.statuses_out_of_order);
+        }
+        if let Err(f) = handled {
             if let SessionFailure::TargetDropping { time2wait: w } = f {
                 *time2wait = w;
             }
+            *last_session_failure = Some(f);
             return Some(if matches!(f, SessionFailure::Protocol(_)) {
                 Why::Protocol
             } else {
@@ -2669,6 +2686,7 @@ impl<P: Platform> IserTransport<P> {
                 session: None,
                 session_epoch: 0,
                 why: None,
+                last_session_failure: None,
                 time2wait: 0,
                 was_full: false,
                 snd_w_inv: false,
@@ -2733,8 +2751,9 @@ impl<P: Platform> IserTransport<P> {
     ///
     /// # IRQL
     /// <= `DISPATCH_LEVEL`.
-    pub fn target_stats(&self, target: u8, _irql: &impl LeDispatch) -> Option<IserStats> {
+    pub fn target_stats(&self, target: u8, irql: &impl LeDispatch) -> Option<IserStats> {
         let t = self.engine.target(target)?;
+        let last_session_failure = t.st.lock(irql).last_session_failure;
         let c = &t.counters;
         let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
         Some(IserStats {
@@ -2744,6 +2763,8 @@ impl<P: Platform> IserTransport<P> {
             login_failures: g(&c.login_failures),
             transport_failures: g(&c.transport_failures),
             last_failure: c.last_failure.load(Ordering::Relaxed),
+            last_session_failure,
+            statuses_out_of_order: g(&c.statuses_out_of_order),
             remote_invalidate: c.remote_invalidate.load(Ordering::Relaxed),
             remote_invalidations: g(&c.remote_invalidations),
             local_invalidations: g(&c.local_invalidations),

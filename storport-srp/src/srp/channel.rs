@@ -209,6 +209,9 @@ pub(crate) struct CmdSlot<P: Platform> {
     phase: SlotPhase,
     conn: Option<Arc<Conn<P>>>,
     epoch: u32,
+    /// The send-queue position of the batch that posted the command: a
+    /// LUN reset covers it only if its TMF went out later on the same QP.
+    sq_pos: u32,
     core: Tag,
     lun: Lun,
     cdb: [u8; 32],
@@ -266,6 +269,7 @@ impl<P: Platform> CmdSlot<P> {
             phase: SlotPhase::Free,
             conn: None,
             epoch: 0,
+            sq_pos: 0,
             core: Tag(0),
             lun: Lun([0; 8]),
             cdb: [0; 32],
@@ -396,6 +400,8 @@ pub(crate) struct TmfSlot<P: Platform> {
     function: TaskMgmtFunction,
     lun: Lun,
     victim: Option<(u8, u16, u16)>,
+    /// Where the TMF went out in its QP's send queue (see `CmdSlot::sq_pos`).
+    sq_pos: u32,
     deadline: u64,
     send_done: bool,
     response: Option<TmfResponse>,
@@ -414,6 +420,7 @@ impl<P: Platform> TmfSlot<P> {
             function: TaskMgmtFunction::AbortTask,
             lun: Lun([0; 8]),
             victim: None,
+            sq_pos: 0,
             deadline: 0,
             send_done: false,
             response: None,
@@ -924,6 +931,7 @@ impl<P: Platform> Engine<P> {
         let Ok(mut batch) = conn.qp.begin_send(irql) else {
             return Err((t.failure_kind(), false));
         };
+        s.sq_pos = batch.position();
         let n = s.mr_count();
         let need: u32 = send_wqebbs(1 + s.imm_sge_count)
             + s.runs
@@ -1572,8 +1580,10 @@ impl<P: Platform> Engine<P> {
     /// can overtake commands still in flight on another, which the target
     /// then runs after the initiator has already fenced their memory (the
     /// target's RDMA hits an invalidated key and the connection dies).
-    /// Each channel's reset therefore covers that channel's commands, and
-    /// the core hears once, when every channel has answered.
+    /// Each channel's reset therefore covers the commands posted on that
+    /// channel before it (by send-queue position: later ones are new tasks
+    /// to the target), and the core hears once, when every channel has
+    /// answered.
     pub(crate) fn reset_lun(
         &self,
         target: u8,
@@ -1775,8 +1785,8 @@ impl<P: Platform> Engine<P> {
         let mut buf = [0u8; 48];
         let offset = conn.layout.tmf_offset(index);
         let generation = s.generation;
-        let ok = repr.emit(&mut TskMgmt::new_unchecked(&mut buf[..])).is_ok()
-            && conn.send_iu(
+        let at = if repr.emit(&mut TskMgmt::new_unchecked(&mut buf[..])).is_ok() {
+            conn.send_iu_at(
                 offset,
                 &buf,
                 WrCtx::TmfSend {
@@ -1784,9 +1794,14 @@ impl<P: Platform> Engine<P> {
                     generation,
                 },
                 irql,
-            );
-        if !ok {
-            s.clear();
+            )
+        } else {
+            None
+        };
+        let ok = at.is_some();
+        match at {
+            Some(at) => s.sq_pos = at,
+            None => s.clear(),
         }
         ok
     }
@@ -1805,7 +1820,7 @@ impl<P: Platform> Engine<P> {
             return;
         };
         let response = tmf_response(rsp.tm_response());
-        let (function, lun, victim, me) = {
+        let (function, lun, victim, tmf_pos, me) = {
             let mut s = slot_lock.lock(irql);
             let ours = s.generation == tag.generation
                 && s.phase == TmfPhase::Sent
@@ -1822,6 +1837,7 @@ impl<P: Platform> Engine<P> {
                 s.function,
                 s.lun,
                 s.victim,
+                s.sq_pos,
                 TmfRef {
                     channel: ch.index,
                     slot: tag.slot,
@@ -1849,10 +1865,17 @@ impl<P: Platform> Engine<P> {
                     }
                     let (marked, done, broken) = {
                         let mut v = vslot.lock(irql);
+                        // A LUN reset covers what its channel carried
+                        // before the TMF: a command posted after it is a
+                        // new task to the target, which will run it.
                         let selected = v.phase == SlotPhase::Posted
                             && match only {
                                 Some((_, _, generation)) => v.generation == generation,
-                                None => v.lun == lun,
+                                None => {
+                                    v.lun == lun
+                                        && v.conn.as_ref().is_some_and(|c| Arc::ptr_eq(c, conn))
+                                        && posted_before(v.sq_pos, tmf_pos)
+                                }
                             };
                         if !selected || v.waiter.is_some() {
                             // Another TMF already waits for this command;
@@ -2235,6 +2258,12 @@ impl<P: Platform> Engine<P> {
     }
 }
 
+/// Whether send-queue position `a` comes before `b` (serial order: the
+/// WQEBB counter wraps).
+fn posted_before(a: u32, b: u32) -> bool {
+    b.wrapping_sub(a).wrapping_sub(1) < 1 << 31
+}
+
 /// WQEBBs of a SEND with `sges` gather entries (its control segment and
 /// one data segment each).
 fn send_wqebbs(sges: usize) -> u32 {
@@ -2277,6 +2306,15 @@ mod tests {
             phys: PhysAddr(phys),
             len,
         }
+    }
+
+    #[test]
+    fn send_queue_positions_compare_in_serial_order() {
+        assert!(posted_before(10, 11));
+        assert!(!posted_before(11, 10));
+        assert!(!posted_before(10, 10));
+        assert!(posted_before(u32::MAX - 2, 3), "across the wrap");
+        assert!(!posted_before(3, u32::MAX - 2));
     }
 
     #[test]

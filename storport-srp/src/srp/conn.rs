@@ -428,21 +428,35 @@ impl<P: Platform> Conn<P> {
         ctx: WrCtx,
         irql: &impl LeDispatch,
     ) -> bool {
-        let Ok(len) = u32::try_from(iu.len()) else {
-            return false;
-        };
+        self.send_iu_at(offset, iu, ctx, irql).is_some()
+    }
+
+    /// [`Conn::send_iu`], returning the send-queue position the IU was
+    /// posted at (see `SendBatch::position`): what a LUN reset compares
+    /// its commands' positions with.
+    ///
+    /// # IRQL
+    /// <= `DISPATCH_LEVEL`.
+    pub(crate) fn send_iu_at(
+        &self,
+        offset: u64,
+        iu: &[u8],
+        ctx: WrCtx,
+        irql: &impl LeDispatch,
+    ) -> Option<u32> {
+        let len = u32::try_from(iu.len()).ok()?;
         self.tx
             .mem()
             .write(usize::try_from(offset).unwrap_or(usize::MAX), iu)
+            .ok()?;
+        let sge = self.tx_sge(offset, len)?;
+        let mut batch = self.qp.begin_send(irql).ok()?;
+        let at = batch.position();
+        let sent = batch
+            .send(&SendWr::new(Payload::Sges(&[sge])), Signal::Signalled(ctx))
             .is_ok()
-            && self.tx_sge(offset, len).is_some_and(|sge| {
-                self.qp.begin_send(irql).is_ok_and(|mut batch| {
-                    batch
-                        .send(&SendWr::new(Payload::Sges(&[sge])), Signal::Signalled(ctx))
-                        .is_ok()
-                        && batch.commit() == 1
-                })
-            })
+            && batch.commit() == 1;
+        sent.then_some(at)
     }
 
     /// The cause the connection ended with.

@@ -5,8 +5,10 @@
 //! channel; the target then runs those after the initiator has completed
 //! them and fenced their memory, its RDMA hits an invalidated key and the
 //! connection dies. So a LUN reset goes out on every live channel, each
-//! covers the commands of its own channel, and the core hears once, when
-//! every channel has answered, with the first failure if any.
+//! covers the commands its channel carried before it (a command posted on
+//! the channel after the TMF is a new task to the target: it runs, and
+//! completes with its own response), and the core hears once, when every
+//! channel has answered, with the first failure if any.
 
 #![forbid(unsafe_code)]
 

@@ -346,15 +346,95 @@ fn responses_sense_residual_and_window() {
     s.handle_pdu(Millis(7), &nop(0x13, 0x12), &mut ev).unwrap();
     assert_eq!(ev.opened, 1, "busy was reported, the window opened");
     assert_eq!(s.window_room(), 2);
-    // Wrong StatSN: a gap.
+    // StatSNs too far behind or ahead are breaches.
     let itt2 = s.itt_of(1);
-    assert_eq!(
-        s.handle_pdu(Millis(8), &response(itt2, 0x502, 0, 0x13, &[]), &mut ev),
-        Err(SessionFailure::Protocol(Violation::StatSn {
-            expected: 0x501,
-            received: 0x502
-        }))
+    for received in [0x501u32.wrapping_sub(0x1_0000), 0x501 + 0x1_0000] {
+        assert_eq!(
+            s.handle_pdu(Millis(8), &response(itt2, received, 0, 0x13, &[]), &mut ev),
+            Err(SessionFailure::Protocol(Violation::StatSn {
+                expected: 0x501,
+                received
+            }))
+        );
+    }
+}
+
+/// LIO numbers a SCSI Response on the thread that completed the command
+/// and a NOP-In answer on its transmit thread, and posts each once built:
+/// the two can cross on the wire. Both are taken, and ExpStatSN
+/// acknowledges only what arrived.
+#[test]
+fn responses_out_of_stat_sn_order_are_accepted_and_acknowledged_in_order() {
+    let neg = negotiated();
+    let timeouts = Timeouts {
+        noop_out_interval: 2,
+        noop_out_timeout: 5,
+        ..Timeouts::default()
+    };
+    let mut s = HostPlatform::new()
+        .run_passive(|p| Session::new(&neg, &timeouts, 4, 0, Millis(0), p))
+        .unwrap();
+    let mut ev = Events::default();
+    // Idle for the interval: the keepalive goes out.
+    s.handle_timeout(Millis(2000)).unwrap();
+    let mut out = [0u8; 64];
+    assert!(s.poll_transmit(Millis(2000), &mut out).is_some());
+    let (ping_itt, _) = s.ping.expect("a ping is outstanding");
+    // Then a command.
+    let tur = CommandSpec {
+        tag: Tag(1),
+        lun: lun0(),
+        cdb: &[0; 6],
+        direction: DataDirection::None,
+        transfer_length: 0,
+        attr: TaskAttr::Simple,
+        immediate_delivery: false,
+    };
+    let mut b = [0u8; 64];
+    let p1 = s
+        .prepare_command(Millis(2001), &tur, &Data(vec![]), &mut b)
+        .unwrap();
+    let itt1 = p1.itt();
+    s.post_command(Millis(2001), p1, &mut b).unwrap();
+    // The ping's answer (StatSN 0x501) overtakes the command's response
+    // (StatSN 0x500).
+    let answer = pdu(
+        BhsRepr::NopIn(NopInRepr {
+            lun: Lun::default(),
+            itt: ping_itt,
+            ttt: RESERVED_TAG,
+            stat_sn: SerialNumber(0x501),
+            exp_cmd_sn: SerialNumber(0x11),
+            max_cmd_sn: SerialNumber(0x11),
+        }),
+        &[],
     );
+    s.handle_pdu(Millis(2002), &answer, &mut ev).unwrap();
+    assert!(s.ping.is_none(), "the ping is answered");
+    assert_eq!(
+        s.exp_stat_sn(),
+        SerialNumber(0x500),
+        "0x500 is still missing"
+    );
+    s.handle_pdu(Millis(2003), &response(itt1, 0x500, 0, 0x11, &[]), &mut ev)
+        .unwrap();
+    assert_eq!(ev.done.len(), 1);
+    assert_eq!(ev.done[0].0, Tag(1));
+    assert_eq!(ev.done[0].1, CommandOutcome::Scsi(0));
+    assert_eq!(s.exp_stat_sn(), SerialNumber(0x502), "both acknowledged");
+    // The next command carries the acknowledgement.
+    let p2 = s
+        .prepare_command(
+            Millis(2004),
+            &CommandSpec { tag: Tag(2), ..tur },
+            &Data(vec![]),
+            &mut b,
+        )
+        .unwrap();
+    s.post_command(Millis(2004), p2, &mut b).unwrap();
+    assert_eq!(u32::from_be_bytes(b[28..32].try_into().unwrap()), 0x502);
+    // A session that keeps pinging stays up: no timer fires.
+    s.handle_timeout(Millis(2005)).unwrap();
 }
 
 #[test]
