@@ -30,6 +30,10 @@ pub struct FaultConfig {
     pub reorder_delay_ns: u64,
 }
 
+/// What became of one frame: zero (dropped), one or two (duplicated)
+/// copies, each with its delay in ns.
+pub(crate) type Fate = heapless::Vec<(u64, Vec<u8>), 2>;
+
 /// The fault state of a fabric.
 pub(crate) struct Faults {
     rng: fastrand::Rng,
@@ -51,6 +55,12 @@ impl Faults {
         self.links.insert((from, to), cfg);
     }
 
+    /// True if the link `from → to` has a fault configuration (even an
+    /// all-zero one): its frames are then checked in full on delivery.
+    pub fn configured(&self, from: usize, to: usize) -> bool {
+        self.links.contains_key(&(from, to))
+    }
+
     fn chance(&mut self, p: f64) -> bool {
         p > 0.0 && self.rng.f64() < p
     }
@@ -66,20 +76,23 @@ impl Faults {
         d
     }
 
-    /// Decides the fate of one frame: zero, one or two `(delay, bytes)`.
+    /// Decides the fate of one frame: zero, one or two `(delay, bytes)`
+    /// (no heap allocation: this runs once per frame).
     pub fn apply(
         &mut self,
         from: usize,
         to: usize,
         mut frame: Vec<u8>,
         stats: &mut FabricStats,
-    ) -> Vec<(u64, Vec<u8>)> {
+    ) -> Fate {
+        let mut fate = Fate::new();
         let Some(cfg) = self.links.get(&(from, to)).copied() else {
-            return vec![(0, frame)];
+            let _ = fate.push((0, frame));
+            return fate;
         };
         if self.chance(cfg.drop) {
             stats.dropped_by_fault += 1;
-            return Vec::new();
+            return fate;
         }
         if self.chance(cfg.corrupt) && frame.len() > IBA_OFFSET {
             let i = self.rng.usize(IBA_OFFSET..frame.len());
@@ -93,8 +106,11 @@ impl Faults {
         if self.chance(cfg.duplicate) {
             stats.duplicated += 1;
             let second = self.delay(&cfg);
-            return vec![(first, frame.clone()), (second, frame)];
+            let _ = fate.push((first, frame.clone()));
+            let _ = fate.push((second, frame));
+            return fate;
         }
-        vec![(first, frame)]
+        let _ = fate.push((first, frame));
+        fate
     }
 }

@@ -91,7 +91,10 @@ struct SendOp {
     signaled: bool,
     solicited: bool,
     imm: u32,
+    /// The gathered data: `payload_len` bytes at the start of a buffer
+    /// that may be longer (a recycled one; see [`payload_buffer`]).
     payload: Vec<u8>,
+    payload_len: usize,
     read_sges: HVec<DataSegRepr, MAX_SEND_SGE>,
     raddr: u64,
     rkey: u32,
@@ -103,7 +106,74 @@ struct SendOp {
     status: OpStatus,
 }
 
+impl Drop for SendOp {
+    fn drop(&mut self) {
+        recycle_payload(std::mem::take(&mut self.payload));
+    }
+}
+
+/// Most spare payload buffers a thread keeps, and the largest it keeps
+/// (together at most 8 MiB per thread).
+const PAYLOAD_POOL_MAX: usize = 32;
+const PAYLOAD_POOL_MAX_BYTES: usize = 256 * 1024;
+/// Payloads up to this size (SRP responses, inline data) are allocated
+/// fresh and not pooled: they are cheap, and a pool full of them had no
+/// room left for the large buffers it is for.
+const PAYLOAD_POOL_MIN_BYTES: usize = 1024;
+
+thread_local! {
+    /// Gather buffers of finished send operations, reused by the next ones
+    /// this thread gathers: a fresh zero-filled 128 KiB buffer per RDMA
+    /// WRITE cost a memset and a page-faulting allocation for bytes the
+    /// gather overwrites at once.
+    static PAYLOAD_POOL: std::cell::RefCell<Vec<Vec<u8>>> =
+        const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// A buffer of at least `len` bytes for a gather that writes the first
+/// `len` of them; the rest, and what the gather does not reach, are stale
+/// bytes of earlier payloads. Buffers are never shortened, so a 128 KiB
+/// one that carried a 36-byte SRP response is still 128 KiB long for the
+/// next WRITE, and a gather takes a spare buffer that is long enough when
+/// there is one: only growing past a buffer's length zero-fills.
+fn payload_buffer(len: usize) -> Vec<u8> {
+    if len <= PAYLOAD_POOL_MIN_BYTES {
+        return vec![0; len];
+    }
+    // The newest spare buffer long enough, else the newest one (grown).
+    let mut buf = PAYLOAD_POOL
+        .with(|p| {
+            let mut p = p.borrow_mut();
+            match p.iter().rposition(|b| b.len() >= len) {
+                Some(i) => Some(p.swap_remove(i)),
+                None => p.pop(),
+            }
+        })
+        .unwrap_or_default();
+    if buf.len() < len {
+        buf.resize(len, 0);
+    }
+    buf
+}
+
+fn recycle_payload(buf: Vec<u8>) {
+    if buf.len() <= PAYLOAD_POOL_MIN_BYTES || buf.capacity() > PAYLOAD_POOL_MAX_BYTES {
+        return;
+    }
+    PAYLOAD_POOL.with(|p| {
+        let mut p = p.borrow_mut();
+        if p.len() < PAYLOAD_POOL_MAX {
+            p.push(buf);
+        }
+    });
+}
+
 impl SendOp {
+    /// The gathered data of a SEND or WRITE.
+    fn payload(&self) -> &[u8] {
+        self.payload.get(..self.payload_len).unwrap_or(&[])
+    }
+
     fn is_remote_rc(&self) -> bool {
         self.npkts > 0
     }
@@ -529,6 +599,7 @@ impl Qp {
                 solicited: false,
                 imm: 0,
                 payload: Vec::new(),
+                payload_len: 0,
                 read_sges: HVec::new(),
                 raddr: 0,
                 rkey: 0,
@@ -654,10 +725,13 @@ impl Qp {
             | SendOpcode::RdmaWrite
             | SendOpcode::RdmaWriteImm => {
                 match gather(ctx, self.pd, &w.gather) {
-                    Ok(p) => op.payload = p,
+                    Ok((p, n)) => {
+                        op.payload = p;
+                        op.payload_len = n;
+                    }
                     Err(s) => return fail(op, s),
                 }
-                let Ok(len) = u32::try_from(op.payload.len()) else {
+                let Ok(len) = u32::try_from(op.payload_len) else {
                     return fail(op, Syndrome::LocalLength);
                 };
                 if len > 1 << 31 {
@@ -718,7 +792,7 @@ impl Qp {
                 ack_req: false,
                 psn: self.next_psn,
             },
-            &op.payload,
+            op.payload(),
         );
         pkt.deth = Some(DethRepr {
             qkey,
@@ -827,8 +901,8 @@ impl Qp {
         } else {
             for k in k0..op.npkts {
                 let lo = (k as usize) * mtu as usize;
-                let hi = (lo + mtu as usize).min(op.payload.len());
-                let chunk = op.payload.get(lo..hi).unwrap_or(&[]);
+                let hi = (lo + mtu as usize).min(op.payload_len);
+                let chunk = op.payload().get(lo..hi).unwrap_or(&[]);
                 let only = op.npkts == 1;
                 let first = k == 0;
                 let last = k + 1 == op.npkts;
@@ -1870,16 +1944,19 @@ impl Qp {
     }
 }
 
-/// Gathers a send WQE's data into one buffer, checking every lkey.
-fn gather(ctx: &Ctx<'_>, pd: u32, g: &Gather<'_>) -> Result<Vec<u8>, Syndrome> {
+/// Gathers a send WQE's data into one buffer, checking every lkey; returns
+/// the buffer and how many bytes at its start are the data.
+fn gather(ctx: &Ctx<'_>, pd: u32, g: &Gather<'_>) -> Result<(Vec<u8>, usize), Syndrome> {
     match g {
-        Gather::Inline(b) => Ok(b.to_vec()),
+        Gather::Inline(b) => Ok((b.to_vec(), b.len())),
         Gather::Sges(sges) => {
             let total: u64 = sges.iter().map(|s| u64::from(s.byte_count)).sum();
             if total > 1 << 31 {
                 return Err(Syndrome::LocalLength);
             }
-            let mut out = vec![0u8; total as usize];
+            // Every byte of `..total` is written below (the byte counts sum
+            // to `total`), or the buffer is dropped with the error.
+            let mut out = payload_buffer(total as usize);
             let mut at = 0usize;
             for s in sges {
                 if s.byte_count == 0 {
@@ -1900,7 +1977,7 @@ fn gather(ctx: &Ctx<'_>, pd: u32, g: &Gather<'_>) -> Result<Vec<u8>, Syndrome> {
                 mr_read(ctx.mem, mr, s.addr, dst).map_err(key_syndrome)?;
                 at += n;
             }
-            Ok(out)
+            Ok((out, at))
         }
     }
 }

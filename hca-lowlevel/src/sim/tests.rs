@@ -65,6 +65,43 @@ fn send_receive_with_completions() {
     assert_eq!(dst.bytes(0, 64), data);
 }
 
+/// Gather buffers are recycled without being shortened or cleared: a short
+/// SEND after a long one carries exactly its own bytes (no stale tail), and
+/// a long one after a short one all of its own.
+#[test]
+fn recycled_gather_buffers_carry_only_their_own_bytes() {
+    let (f, mut a, mut b) = pair();
+    let src = a.buffer(3 * 20_000, RW).unwrap();
+    let dst = b.buffer(3 * 20_000, RW).unwrap();
+    let lens = [20_000u32, 100, 20_000];
+    for (i, &len) in lens.iter().enumerate() {
+        let at = i as u64 * 20_000;
+        let data = pattern(len as usize, 40 + i as u8);
+        src.mem.write(at as usize, &data).unwrap();
+        dst.mem.write(at as usize, &vec![0xEE; 20_000]).unwrap();
+        b.qp.post_recv(&[dst.sge(at, 20_000)]).unwrap();
+        let mut w = send_wqe(
+            &a.qp,
+            SendOpcode::Send,
+            CtrlFlags::CQ_UPDATE,
+            0,
+            src.sge(at, len),
+        );
+        a.qp.post_send(&mut w).unwrap();
+        f.run_until_idle();
+        assert_eq!(one(&mut a.cq).error(), None);
+        let r = one(&mut b.cq);
+        assert_eq!(r.byte_cnt, len, "send {i}");
+        assert_eq!(dst.bytes(at as usize, len as usize), data, "send {i}");
+        let rest = 20_000 - len as usize;
+        assert_eq!(
+            dst.bytes(at as usize + len as usize, rest),
+            vec![0xEE; rest],
+            "send {i}: bytes past the message"
+        );
+    }
+}
+
 #[test]
 fn immediate_and_multi_packet_segmentation() {
     let (f, mut a, mut b) = pair();
@@ -1927,6 +1964,37 @@ fn corruption_is_caught_by_the_icrc() {
     // the IPv4/UDP part of the ICRC coverage can also fail an earlier check).
     assert_eq!(s.dropped_malformed, s.corrupted);
     assert!(s.dropped_bad_icrc > 0);
+}
+
+/// The ICRC is trusted (computed once, at emit) only on an in-process link
+/// with no fault configuration and no capture; a configured link, even one
+/// whose faults are all zero, and a running capture keep the full check.
+#[test]
+fn icrc_is_trusted_only_on_a_plain_in_process_link() {
+    let run = |setup: &dyn Fn(&Fabric, &Node, &Node)| {
+        let f = Fabric::stepped();
+        let (mut a, mut b) = rc_pair(&f, RcOptions::default()).unwrap();
+        setup(&f, &a, &b);
+        let before = f.stats();
+        let (_src, dst) = lossless_send(&f, &mut a, &mut b, 4, 9000);
+        f.run_until_idle();
+        assert_eq!(a.cq.drain().len(), 4);
+        assert_eq!(b.cq.drain().len(), 4);
+        assert_eq!(dst.bytes(0, 36_000), pattern(36_000, 11));
+        let s = f.stats();
+        let delivered = s.frames_delivered - before.frames_delivered;
+        assert!(delivered >= 8, "{s:?}");
+        (delivered, s.icrc_trusted - before.icrc_trusted)
+    };
+    let (delivered, trusted) = run(&|_, _, _| {});
+    assert_eq!(trusted, delivered);
+    let (_, trusted) = run(&|f, a, b| {
+        f.set_link_faults(&a.hca, &b.hca, FaultConfig::default());
+        f.set_link_faults(&b.hca, &a.hca, FaultConfig::default());
+    });
+    assert_eq!(trusted, 0);
+    let (_, trusted) = run(&|f, _, _| f.set_capture(true));
+    assert_eq!(trusted, 0);
 }
 
 #[test]

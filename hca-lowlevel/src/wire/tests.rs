@@ -71,6 +71,36 @@ fn golden_send_only_parses() {
 }
 
 #[test]
+fn emitted_in_process_parse_skips_only_the_icrc() {
+    let frame = hex(GOLDEN_SEND_ONLY);
+    assert_eq!(
+        RoceV2FrameRepr::parse_emitted_in_process(&frame),
+        Ok(golden_repr())
+    );
+    // The ICRC is what it trusts: a bad one is caught by `parse` only.
+    let mut bad_icrc = frame.clone();
+    bad_icrc[69] ^= 0x01;
+    assert_eq!(RoceV2FrameRepr::parse(&bad_icrc), Err(Error::BadIcrc));
+    assert_eq!(
+        RoceV2FrameRepr::parse_emitted_in_process(&bad_icrc),
+        Ok(golden_repr())
+    );
+    // Every other check still applies.
+    let mut not_roce = frame.clone();
+    not_roce[36] = 0x12; // UDP destination port 4791 -> 0x1234
+    not_roce[37] = 0x34;
+    assert_eq!(
+        RoceV2FrameRepr::parse_emitted_in_process(&not_roce),
+        Err(Error::NotRoceV2Port(0x1234))
+    );
+    let mut ip_checksum = frame.clone();
+    ip_checksum[24] ^= 0x01;
+    assert!(RoceV2FrameRepr::parse_emitted_in_process(&ip_checksum).is_err());
+    // No room for the ICRC trailer.
+    assert!(RoceV2FrameRepr::parse_emitted_in_process(&frame[..40]).is_err());
+}
+
+#[test]
 fn golden_send_only_emits_byte_exact() {
     let repr = golden_repr();
     assert_eq!(repr.buffer_len(), 70);
