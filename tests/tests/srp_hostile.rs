@@ -83,7 +83,18 @@ fn truthful(o: &storport_srp::storport::host::RequestOutcome) {
     );
 }
 
-fn recovers(s: &Stack, p: &kverbs::irql::Passive<'_>) {
+/// The refused access ended the connection (the initiator has seen `lost`
+/// transport failures in all: until it has, the target still reads as
+/// live, and a command sent then would meet the disconnect), then the
+/// target is live again and serves I/O.
+fn recovers(s: &Stack, lost: u64, p: &kverbs::irql::Passive<'_>) {
+    assert!(
+        s.wait_until(Duration::from_secs(10), || {
+            s.stats(0, p).transport_failures >= lost
+        }),
+        "the refused access did not end the connection: {:?}",
+        s.stats(0, p)
+    );
     assert!(s.wait_state(0, TargetState::Live, Duration::from_secs(10)));
     let data = Workload::new(77).bytes(4096);
     let o = s.write(0, 0, 300, &data, SgShape::Pages, p);
@@ -127,7 +138,7 @@ fn stale_rkey() {
             "the completed buffer was touched"
         );
         assert!(before.intact() && after.intact() && b2.intact() && a2.intact());
-        recovers(s, p);
+        recovers(s, 1, p);
     });
 }
 
@@ -146,7 +157,7 @@ fn beyond_the_buffer() {
                 before.intact() && after.intact(),
                 "bytes beyond the buffer were written"
             );
-            recovers(s, p);
+            recovers(s, 1, p);
         });
     }
 }
@@ -162,7 +173,7 @@ fn against_the_access_rights() {
         refused(s, attempt);
         truthful(&s.wait(&[id], Duration::from_secs(10), None, p)[0]);
         assert!(before.intact() && after.intact());
-        recovers(s, p);
+        recovers(s, 1, p);
         // Writing a buffer opened for remote read only (a WRITE's, too big
         // for immediate data so the target must RDMA-READ it).
         let attempt = HostileAttempt::WriteToReadOnly;
@@ -183,7 +194,7 @@ fn against_the_access_rights() {
             "the data-out buffer was written"
         );
         assert!(before.intact() && after.intact());
-        recovers(s, p);
+        recovers(s, 2, p);
     });
 }
 
@@ -211,6 +222,6 @@ fn after_completion() {
             "written after completion"
         );
         assert!(before.intact() && after.intact());
-        recovers(s, p);
+        recovers(s, 1, p);
     });
 }
