@@ -204,24 +204,31 @@ fn lun_reset_does_not_overtake_commands_on_another_channel() {
     });
 }
 
-fn reset_behind_a_held_channel(s: &Stack, round: u64, p: &kverbs::irql::Passive<'_>) {
-    let target = s.target(0);
-    let lun1_read = RequestSpec::scsi_in(
+/// A one-block READ of LUN 1 at `lba`.
+fn lun1_read(s: &Stack, lba: u64) -> RequestSpec {
+    RequestSpec::scsi_in(
         Address::new(0, 0, 1),
-        &kverbs_tests::rw_cdb(true, round, 1),
+        &kverbs_tests::rw_cdb(true, lba, 1),
         s.block_len(0, 1),
-    );
-    let warm = (round % 2 == 1).then(|| s.submit(&lun1_read, p));
-    target.set_misbehaviour(
-        Misbehaviour::ScsiFault(
-            FaultRule::delay(Duration::from_millis(1500))
-                .on_lun(1)
-                .times(1),
-        ),
+    )
+}
+
+/// Holds the target's thread of one channel (the one the READ of LUN 1
+/// lands on) for `hold`; returns the held READ's id.
+fn hold_a_channel(s: &Stack, lba: u64, hold: Duration, p: &kverbs::irql::Passive<'_>) -> u32 {
+    s.target(0).set_misbehaviour(
+        Misbehaviour::ScsiFault(FaultRule::delay(hold).on_lun(1).times(1)),
         p,
     );
-    let stall = s.submit(&lun1_read, p);
+    let stall = s.submit(&lun1_read(s, lba), p);
     std::thread::sleep(Duration::from_millis(100));
+    stall
+}
+
+fn reset_behind_a_held_channel(s: &Stack, round: u64, p: &kverbs::irql::Passive<'_>) {
+    let target = s.target(0);
+    let warm = (round % 2 == 1).then(|| s.submit(&lun1_read(s, round), p));
+    let stall = hold_a_channel(s, round, Duration::from_millis(1500), p);
     let mut w = Workload::new(31 + round);
     let lun0 = w.disjoint_ios(16, 0, 0, 512, 32768, 4096, 4096, 1.0);
     let ids = submit_all(s, &lun0, p);
@@ -315,21 +322,7 @@ fn commands_posted_after_a_lun_reset_are_not_covered_by_it() {
     Stack::run(&config, |s, p| {
         let target = s.target(0);
         for round in 0..2u64 {
-            let lun1_read = RequestSpec::scsi_in(
-                Address::new(0, 0, 1),
-                &kverbs_tests::rw_cdb(true, round, 1),
-                s.block_len(0, 1),
-            );
-            target.set_misbehaviour(
-                Misbehaviour::ScsiFault(
-                    FaultRule::delay(Duration::from_millis(800))
-                        .on_lun(1)
-                        .times(1),
-                ),
-                p,
-            );
-            let stall = s.submit(&lun1_read, p);
-            std::thread::sleep(Duration::from_millis(100));
+            let stall = hold_a_channel(s, round, Duration::from_millis(800), p);
             let reset = s.submit(
                 &RequestSpec::function(SrbFunction::ResetLogicalUnit, Address::new(0, 0, 0)),
                 p,

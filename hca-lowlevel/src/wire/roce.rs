@@ -71,12 +71,7 @@ impl<'a> RoceV2FrameRepr<'a> {
     /// cannot hold an ICRC; [`Error::BadIcrc`]; then the errors of
     /// [`IbPacketRepr::parse`].
     pub fn parse(frame: &'a [u8]) -> Result<RoceV2FrameRepr<'a>> {
-        let eth = EthernetFrame::new_checked(frame)?;
-        let ethernet = EthernetRepr::parse(&eth)?;
-        if ethernet.ethertype != EtherType::IPV4 {
-            return Err(Error::UnexpectedEtherType(ethernet.ethertype.0));
-        }
-        Self::parse_ipv4(ethernet, eth.payload(), IcrcCheck::Verify)
+        Self::parse_frame(frame, IcrcCheck::Verify)
     }
 
     /// Parse a frame whose bytes are known to be exactly what
@@ -91,12 +86,16 @@ impl<'a> RoceV2FrameRepr<'a> {
     ///
     /// Those of [`Self::parse`], except [`Error::BadIcrc`].
     pub fn parse_emitted_in_process(frame: &'a [u8]) -> Result<RoceV2FrameRepr<'a>> {
+        Self::parse_frame(frame, IcrcCheck::TrustEmitter)
+    }
+
+    fn parse_frame(frame: &'a [u8], icrc_check: IcrcCheck) -> Result<RoceV2FrameRepr<'a>> {
         let eth = EthernetFrame::new_checked(frame)?;
         let ethernet = EthernetRepr::parse(&eth)?;
         if ethernet.ethertype != EtherType::IPV4 {
             return Err(Error::UnexpectedEtherType(ethernet.ethertype.0));
         }
-        Self::parse_ipv4(ethernet, eth.payload(), IcrcCheck::TrustEmitter)
+        Self::parse_ipv4(ethernet, eth.payload(), icrc_check)
     }
 
     fn parse_ipv4(

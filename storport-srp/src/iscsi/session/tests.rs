@@ -76,6 +76,19 @@ fn lun0() -> Lun {
     Lun::from_index(0).unwrap()
 }
 
+/// A TEST UNIT READY with tag `tag`: a command with no data.
+fn tur(tag: u32) -> CommandSpec<'static> {
+    CommandSpec {
+        tag: Tag(tag),
+        lun: lun0(),
+        cdb: &[0; 6],
+        direction: DataDirection::None,
+        transfer_length: 0,
+        attr: TaskAttr::Simple,
+        immediate_delivery: false,
+    }
+}
+
 fn write10(tag: u32, len: u32) -> ([u8; 10], CommandSpec<'static>) {
     let cdb = [0x2A, 0, 0, 0, 0, 0x10, 0, 0, (len / 512) as u8, 0];
     let leaked: &'static [u8] = Box::leak(Box::new(cdb));
@@ -260,15 +273,7 @@ fn golden_abort_task() {
 fn responses_sense_residual_and_window() {
     let mut s = session(&negotiated());
     let mut ev = Events::default();
-    let tur = CommandSpec {
-        tag: Tag(1),
-        lun: lun0(),
-        cdb: &[0; 6],
-        direction: DataDirection::None,
-        transfer_length: 0,
-        attr: TaskAttr::Simple,
-        immediate_delivery: false,
-    };
+    let tur = tur(1);
     let mut b1 = [0u8; 64];
     let mut b2 = [0u8; 64];
     let p1 = s
@@ -381,15 +386,7 @@ fn responses_out_of_stat_sn_order_are_accepted_and_acknowledged_in_order() {
     assert!(s.poll_transmit(Millis(2000), &mut out).is_some());
     let (ping_itt, _) = s.ping.expect("a ping is outstanding");
     // Then a command.
-    let tur = CommandSpec {
-        tag: Tag(1),
-        lun: lun0(),
-        cdb: &[0; 6],
-        direction: DataDirection::None,
-        transfer_length: 0,
-        attr: TaskAttr::Simple,
-        immediate_delivery: false,
-    };
+    let tur = tur(1);
     let mut b = [0u8; 64];
     let p1 = s
         .prepare_command(Millis(2001), &tur, &Data(vec![]), &mut b)
@@ -634,15 +631,7 @@ fn itt_generations_and_table_capacity() {
     let mut neg = negotiated();
     neg.max_cmd_sn = SerialNumber(0x100);
     let mut s = session(&neg);
-    let tur = CommandSpec {
-        tag: Tag(1),
-        lun: lun0(),
-        cdb: &[0; 6],
-        direction: DataDirection::None,
-        transfer_length: 0,
-        attr: TaskAttr::Simple,
-        immediate_delivery: false,
-    };
+    let tur = tur(1);
     let mut prepared = Vec::new();
     for t in 0..4 {
         prepared.push(
