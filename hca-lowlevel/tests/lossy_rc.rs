@@ -63,6 +63,7 @@ fn run_seed(seed: u64) -> Result<bool, String> {
     let f = Fabric::new(FabricConfig {
         mode: ExecMode::Stepped,
         seed,
+        ..FabricConfig::default()
     });
     let opts = RcOptions {
         timeout: 8,

@@ -237,6 +237,7 @@ impl Stepped {
         let fabric = Fabric::new(FabricConfig {
             mode: ExecMode::Stepped,
             seed: 1,
+            ..FabricConfig::default()
         });
         let initiator = fabric.add_hca(HcaConfig {
             mem_limit: 512 << 20,

@@ -1,6 +1,8 @@
 //! Bare verbs SEND/RECV ping-pong latency (not a test): the floor under an
 //! SRP I/O's latency on the same software fabric kvbench uses (a threaded
-//! fabric — the soft HCA's device thread — and a threaded host platform).
+//! fabric — the soft HCA's device thread, doorbells run as kvbench's in-process
+//! backend runs them, [`kverbs_tools::bench::rdma::in_process_fabric`] — and a
+//! threaded host platform).
 //!
 //! Two RC QPs, A and B, each on its own HCA. The measuring thread posts a
 //! signalled 64-byte SEND on A and spins until A's CQ handler (a DPC) has
@@ -21,7 +23,7 @@ use std::sync::{Arc, Condvar, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
 use hca_lowlevel::device::{AccessFlags, AddressVector, Mtu, QpAttr, QpAttrMask, QpState, QpType};
-use hca_lowlevel::sim::{ExecMode, Fabric, FabricConfig, HcaConfig};
+use hca_lowlevel::sim::{Fabric, HcaConfig};
 use kverbs::cq::{Cq, CqConfig, CqHandler};
 use kverbs::device::{Device, DeviceConfig};
 use kverbs::hostdev::VerifiedHca;
@@ -156,10 +158,9 @@ fn main() {
         worker_threads: 2,
         dpc_budget: Duration::from_secs(2),
     });
-    let fabric = Fabric::new(FabricConfig {
-        mode: ExecMode::Thread,
-        seed: 1,
-    });
+    // The fabric kvbench's in-process backend runs on (the same doorbell
+    // mode: a fair yardstick).
+    let fabric = Fabric::new(kverbs_tools::bench::rdma::in_process_fabric());
     let samples = platform.run_passive(|p| {
         let ha = fabric.add_hca(HcaConfig::new([10, 0, 0, 1]));
         let hb = fabric.add_hca(HcaConfig::new([10, 0, 1, 2]));

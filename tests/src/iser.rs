@@ -179,6 +179,7 @@ impl IserStack {
         let fabric = Fabric::new(FabricConfig {
             mode: ExecMode::Thread,
             seed: config.seed,
+            ..FabricConfig::default()
         });
         let initiator = fabric.add_hca(HcaConfig {
             mem_limit: 512 << 20,

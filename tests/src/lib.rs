@@ -260,6 +260,7 @@ impl Stack {
         let fabric = Fabric::new(FabricConfig {
             mode: ExecMode::Thread,
             seed: config.seed,
+            ..FabricConfig::default()
         });
         let initiator = fabric.add_hca(HcaConfig {
             mem_limit: config.initiator_memory,

@@ -228,6 +228,7 @@ impl Host {
         let fabric = Fabric::new(FabricConfig {
             mode: ExecMode::Thread,
             seed: 7,
+            ..FabricConfig::default()
         });
         let mut link = LinkConfig::new(EthernetAddress(mac));
         link.pcap = Some(pcap);

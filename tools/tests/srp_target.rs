@@ -513,6 +513,7 @@ fn start_on_hca_opens_and_closes_its_own_device() {
     let fabric = Fabric::new(FabricConfig {
         mode: ExecMode::Thread,
         seed: 1,
+        ..FabricConfig::default()
     });
     let hca = fabric.add_hca(HcaConfig::new(TARGET_IP));
     platform.run_passive(|p| {

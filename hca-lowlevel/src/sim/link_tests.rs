@@ -845,6 +845,7 @@ fn thread_mode_links_carry_traffic() {
     let f = Fabric::new(FabricConfig {
         mode: ExecMode::Thread,
         seed: 1,
+        ..FabricConfig::default()
     });
     let (mut a, mut b, _ta, _tb) = linked_rc_pair(&f, RcOptions::default(), None);
     let src = a.buffer(1 << 16, RW).unwrap();

@@ -94,6 +94,18 @@ pub struct FabricConfig {
     pub mode: ExecMode,
     /// Seed of every random decision (fault injection).
     pub seed: u64,
+    /// A doorbell runs the engine on the thread that rang it when no other
+    /// thread is running it, so the work it posted (and whatever that
+    /// causes on the other HCAs, up to their completion events) is done
+    /// before the doorbell write returns, with no thread switch.
+    ///
+    /// In [`ExecMode::Thread`] the device thread stays: it runs the
+    /// timers (retransmits, delayed frames), a link's input, and the
+    /// doorbells that find the engine busy. Off, every doorbell wakes the
+    /// device thread (one more thread hop each way). In
+    /// [`ExecMode::Stepped`] this is the initial
+    /// [`Fabric::set_inline_doorbells`] setting.
+    pub inline_doorbells: bool,
 }
 
 impl Default for FabricConfig {
@@ -101,6 +113,20 @@ impl Default for FabricConfig {
         Self {
             mode: ExecMode::Stepped,
             seed: 0,
+            inline_doorbells: false,
+        }
+    }
+}
+
+impl FabricConfig {
+    /// A thread-mode fabric (a device thread, real time) with `seed`,
+    /// doorbells waking the device thread.
+    #[must_use]
+    pub const fn threaded(seed: u64) -> Self {
+        Self {
+            mode: ExecMode::Thread,
+            seed,
+            inline_doorbells: false,
         }
     }
 }
@@ -139,7 +165,11 @@ impl Fabric {
     /// Creates a fabric; in [`ExecMode::Thread`] it starts the device thread.
     #[must_use]
     pub fn new(config: FabricConfig) -> Self {
-        let shared = Arc::new(Shared::new(config.mode, config.seed));
+        let shared = Arc::new(Shared::new(
+            config.mode,
+            config.seed,
+            config.inline_doorbells,
+        ));
         let thread = match config.mode {
             ExecMode::Stepped => None,
             ExecMode::Thread => {
@@ -301,9 +331,9 @@ impl Fabric {
             .unwrap_or_default()
     }
 
-    /// Stepped mode: run the engine inside every doorbell write (as long as
-    /// no other thread is running it), so completions can arrive before the
-    /// posting call returns.
+    /// Runs the engine inside every doorbell write (as long as no other
+    /// thread is running it), so completions can arrive before the posting
+    /// call returns; see [`FabricConfig::inline_doorbells`].
     pub fn set_inline_doorbells(&self, on: bool) {
         self.shared.set_inline(on);
     }
@@ -428,14 +458,10 @@ fn eui64(mac: EthernetAddress) -> u64 {
 }
 
 fn device_thread(shared: &Shared) {
+    shared.enter_device_thread();
     while !shared.stop.load(Ordering::SeqCst) {
         shared.run_engine(false);
-        let now = shared.now();
-        let next = shared.lock().next_deadline();
-        let wait = next
-            .map_or(2_000_000, |t| t.saturating_sub(now))
-            .clamp(20_000, 2_000_000);
-        std::thread::park_timeout(Duration::from_nanos(wait));
+        std::thread::park_timeout(shared.device_thread_wait());
     }
 }
 

@@ -4,8 +4,12 @@
 //! One mutex guards the world. The engine runs under it; events (completion
 //! and asynchronous) are collected and delivered after it is released, so a
 //! handler may ring a doorbell without deadlocking. A doorbell never blocks:
-//! it sets a flag and either wakes the device thread or (stepped-inline mode)
-//! runs the engine on the calling thread if no one else is running it.
+//! it sets a flag and either wakes the device thread or (inline doorbells,
+//! in either mode) runs the engine on the calling thread if no one else is
+//! running it. In thread mode with inline doorbells the device thread stays:
+//! it runs the timers and the link input, and the doorbells that found the
+//! engine busy (whoever holds the world when a doorbell rings picks the
+//! doorbell up before letting go, or the device thread is woken for it).
 
 use std::cell::{Cell, RefCell};
 use std::cmp::Reverse;
@@ -604,6 +608,8 @@ thread_local! {
     /// Set while this thread executes the device model itself (not the
     /// event handlers it calls).
     static IN_MODEL: Cell<bool> = const { Cell::new(false) };
+    /// Set on a thread-mode fabric's device thread.
+    static ON_DEVICE_THREAD: Cell<bool> = const { Cell::new(false) };
 }
 
 /// True while the calling thread is executing the software HCA's device
@@ -634,16 +640,21 @@ pub(crate) struct Shared {
     delivery: Mutex<()>,
     pub stop: AtomicBool,
     pub device_thread: std::sync::OnceLock<std::thread::Thread>,
+    /// Thread mode: when the device thread will wake next (fabric clock,
+    /// ns). Written and read under the world lock, so an engine run on a
+    /// doorbell's thread that schedules something earlier (a retransmit
+    /// timer, a delayed frame) knows to wake the device thread for it.
+    device_wake_at: AtomicU64,
     pub bad_doorbells: AtomicU64,
 }
 
 impl Shared {
-    pub fn new(mode: ExecMode, seed: u64) -> Self {
+    pub fn new(mode: ExecMode, seed: u64, inline: bool) -> Self {
         Self {
             world: Mutex::new(World::new(seed)),
             pending: AtomicBool::new(false),
             mode,
-            inline: AtomicBool::new(false),
+            inline: AtomicBool::new(inline),
             clock: match mode {
                 ExecMode::Thread => Clock::Real(Instant::now()),
                 ExecMode::Stepped => Clock::Virtual(AtomicU64::new(0)),
@@ -651,6 +662,7 @@ impl Shared {
             delivery: Mutex::new(()),
             stop: AtomicBool::new(false),
             device_thread: std::sync::OnceLock::new(),
+            device_wake_at: AtomicU64::new(0),
             bad_doorbells: AtomicU64::new(0),
         }
     }
@@ -693,41 +705,89 @@ impl Shared {
     /// world lock.
     pub fn kick(&self) {
         self.pending.store(true, Ordering::SeqCst);
+        let inline = self.inline.load(Ordering::SeqCst) && !IN_DEVICE.with(Cell::get);
         match self.mode {
             ExecMode::Thread => {
-                // Lock-free: a doorbell never waits.
-                if let Some(t) = self.device_thread.get() {
-                    t.unpark();
+                // A doorbell never waits: either this thread takes the
+                // free engine, or the device thread is woken. (It is woken
+                // too when the world is busy: whoever holds it may be a
+                // control command or a deadline query that does not run
+                // the engine before letting go.)
+                if !(inline && self.run_engine(false)) {
+                    self.wake_device();
                 }
             }
             ExecMode::Stepped => {
-                if self.inline.load(Ordering::SeqCst) && !IN_DEVICE.with(Cell::get) {
+                if inline {
                     self.run_engine(false);
                 }
             }
         }
     }
 
+    /// Thread mode: wakes the device thread (lock-free).
+    pub fn wake_device(&self) {
+        if let Some(t) = self.device_thread.get() {
+            t.unpark();
+        }
+    }
+
     /// Runs the engine until idle if no other thread is running it; loops
     /// while doorbells keep arriving. With `wait`, blocks for the lock.
-    pub fn run_engine(&self, wait: bool) {
+    /// Returns `false` if it did not get the world at all (without `wait`,
+    /// another thread held it).
+    pub fn run_engine(&self, wait: bool) -> bool {
+        let mut ran = false;
         loop {
             let guard = if wait {
                 Some(self.world.lock().unwrap_or_else(PoisonError::into_inner))
             } else {
                 self.world.try_lock().ok()
             };
-            let Some(mut w) = guard else { return };
+            let Some(mut w) = guard else { return ran };
+            ran = true;
             self.pending.store(false, Ordering::SeqCst);
             w.now = self.now();
             in_model(|| w.run_until_idle());
+            if self.mode == ExecMode::Thread && !self.on_device_thread() {
+                // Run on a doorbell's thread: if it scheduled something
+                // before the device thread's next wake, wake it now.
+                let wake_at = self.device_wake_at.load(Ordering::Relaxed);
+                if w.next_deadline().is_some_and(|t| t < wake_at) {
+                    self.wake_device();
+                }
+            }
             let events = std::mem::take(&mut w.events);
             drop(w);
             self.deliver(events);
             if !self.pending.load(Ordering::SeqCst) {
-                return;
+                return ran;
             }
         }
+    }
+
+    fn on_device_thread(&self) -> bool {
+        ON_DEVICE_THREAD.with(Cell::get)
+    }
+
+    /// Marks the calling thread as the fabric's device thread.
+    pub fn enter_device_thread(&self) {
+        ON_DEVICE_THREAD.with(|f| f.set(true));
+    }
+
+    /// The device thread's pause: until the next deadline (bounded), or
+    /// until a doorbell or a link wakes it.
+    pub fn device_thread_wait(&self) -> std::time::Duration {
+        let w = self.lock();
+        let now = w.now;
+        let wait = w
+            .next_deadline()
+            .map_or(2_000_000, |t| t.saturating_sub(now))
+            .clamp(20_000, 2_000_000);
+        self.device_wake_at
+            .store(now.saturating_add(wait), Ordering::Relaxed);
+        drop(w);
+        std::time::Duration::from_nanos(wait)
     }
 
     /// One engine pass (stepped mode). Returns whether anything happened.

@@ -71,6 +71,7 @@ impl World {
                 Mode::Stepped => ExecMode::Stepped,
             },
             seed,
+            ..FabricConfig::default()
         });
         World {
             mode,

@@ -15,9 +15,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hca_lowlevel::device::Mtu;
-use hca_lowlevel::sim::{
-    ExecMode, Fabric, FabricConfig, FrameSocket, HcaConfig, LinkConfig, SoftHca,
-};
+use hca_lowlevel::sim::{Fabric, FabricConfig, FrameSocket, HcaConfig, LinkConfig, SoftHca};
 use kverbs::cm::{CmConfig, CmError, CmPort, CmPortConfig};
 use kverbs::device::{Device, DeviceConfig};
 use kverbs::hostdev::VerifiedHca;
@@ -51,6 +49,29 @@ pub fn in_process_hca(ip: [u8; 4]) -> HcaConfig {
     HcaConfig {
         mtu: Mtu::Mtu4096,
         ..HcaConfig::new(ip)
+    }
+}
+
+/// Whether the in-process fabric runs the software HCA's engine inside the
+/// doorbell write ([`FabricConfig::inline_doorbells`]) unless
+/// `KVBENCH_INLINE_DOORBELLS` (`0` or `1`) says otherwise.
+pub const IN_PROCESS_INLINE_DOORBELLS: bool = true;
+
+/// The in-process fabric kvbench runs on, and the yardstick it is measured
+/// against (`verbs_pingpong`) too: a device thread on real time, seed 1,
+/// doorbells as [`IN_PROCESS_INLINE_DOORBELLS`] or the environment's
+/// `KVBENCH_INLINE_DOORBELLS` (`0`/`1`; anything else is ignored), so one
+/// binary can compare both modes.
+#[must_use]
+pub fn in_process_fabric() -> FabricConfig {
+    let inline_doorbells = match std::env::var("KVBENCH_INLINE_DOORBELLS").as_deref() {
+        Ok("0") => false,
+        Ok("1") => true,
+        _ => IN_PROCESS_INLINE_DOORBELLS,
+    };
+    FabricConfig {
+        inline_doorbells,
+        ..FabricConfig::threaded(1)
     }
 }
 
@@ -124,10 +145,7 @@ impl InitiatorHca {
     /// # Errors
     /// [`BackendError`] if the device or the CM port cannot be opened.
     pub fn in_process(platform: &HostPlatform, p: &Passive<'_>) -> Result<Self, BackendError> {
-        let fabric = Fabric::new(FabricConfig {
-            mode: ExecMode::Thread,
-            seed: 1,
-        });
+        let fabric = Fabric::new(in_process_fabric());
         let initiator = fabric.add_hca(HcaConfig {
             mem_limit: IN_PROCESS_MEMORY,
             ..in_process_hca(INITIATOR_IP)
@@ -160,10 +178,7 @@ impl InitiatorHca {
         cm: CmConfig,
         p: &Passive<'_>,
     ) -> Result<Self, BackendError> {
-        let fabric = Fabric::new(FabricConfig {
-            mode: ExecMode::Thread,
-            seed: 1,
-        });
+        let fabric = Fabric::new(FabricConfig::threaded(1));
         let initiator = fabric
             .add_hca_on_link(hca, link, socket)
             .map_err(|e| step_error("initiator HCA on the link", &e))?;

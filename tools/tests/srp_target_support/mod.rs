@@ -139,6 +139,7 @@ pub fn run_in(
             Mode::Stepped => ExecMode::Stepped,
         },
         seed: 7,
+        ..FabricConfig::default()
     });
     let p2 = platform.clone();
     p2.run_passive(|p| {
