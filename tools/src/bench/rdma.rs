@@ -60,14 +60,22 @@ pub const IN_PROCESS_INLINE_DOORBELLS: bool = true;
 /// The in-process fabric kvbench runs on, and the yardstick it is measured
 /// against (`verbs_pingpong`) too: a device thread on real time, seed 1,
 /// doorbells as [`IN_PROCESS_INLINE_DOORBELLS`] or the environment's
-/// `KVBENCH_INLINE_DOORBELLS` (`0`/`1`; anything else is ignored), so one
-/// binary can compare both modes.
+/// `KVBENCH_INLINE_DOORBELLS` (`0`/`1`; any other value is reported on
+/// stderr and the default kept), so one binary can compare both modes.
 #[must_use]
 pub fn in_process_fabric() -> FabricConfig {
-    let inline_doorbells = match std::env::var("KVBENCH_INLINE_DOORBELLS").as_deref() {
-        Ok("0") => false,
-        Ok("1") => true,
-        _ => IN_PROCESS_INLINE_DOORBELLS,
+    let inline_doorbells = match std::env::var("KVBENCH_INLINE_DOORBELLS") {
+        Ok(v) if v == "0" => false,
+        Ok(v) if v == "1" => true,
+        Ok(other) => {
+            eprintln!(
+                "kvbench: KVBENCH_INLINE_DOORBELLS={other:?} is neither 0 nor 1; \
+                 keeping the default ({})",
+                u8::from(IN_PROCESS_INLINE_DOORBELLS)
+            );
+            IN_PROCESS_INLINE_DOORBELLS
+        }
+        Err(_) => IN_PROCESS_INLINE_DOORBELLS,
     };
     FabricConfig {
         inline_doorbells,
