@@ -18,6 +18,7 @@
 
 extern crate alloc;
 
+pub mod gather;
 pub mod iscsi;
 pub mod iser;
 pub mod miniport;

@@ -29,14 +29,26 @@ fn mappable(shape: SgShape) -> SgShape {
 
 #[test]
 fn sizes_and_shapes_at_depth_one() {
+    sizes_and_shapes(true);
+}
+
+/// The same with immediate data copied into the send buffer (the path for
+/// buffers with more segments than a SEND gathers).
+#[test]
+fn sizes_and_shapes_with_immediate_data_copied() {
+    sizes_and_shapes(false);
+}
+
+fn sizes_and_shapes(gather_immediate: bool) {
     // InitialR2T=No on both sides: unsolicited Data-Out PDUs follow the
     // immediate data.
     let mut setup = IserSetup::standard().key("node.session.iscsi.InitialR2T", "No");
     setup.config.iscsi.values.initial_r2t = false;
-    let config = IserStackConfig {
+    let mut config = IserStackConfig {
         targets: vec![setup],
         ..IserStackConfig::default()
     };
+    config.iser.gather_immediate = gather_immediate;
     IserStack::run(&config, |s, p| {
         let mut w = Workload::new(11);
         let sizes = [512u32, 4096, 8192, 12_288, 65_536, 262_144, 1 << 20];
@@ -68,6 +80,13 @@ fn sizes_and_shapes_at_depth_one() {
         }
         let st = s.stats(0, p);
         assert!(st.immediate_writes > 0, "{st:?}");
+        // Contiguous and per-page buffers fit a SEND's gather list.
+        let gathered = if gather_immediate {
+            st.immediate_writes
+        } else {
+            0
+        };
+        assert_eq!(st.immediate_gathered, gathered, "{st:?}");
         assert!(st.data_out_pdus > 0, "unsolicited Data-Out: {st:?}");
         // Writes sent whole as immediate/unsolicited data register nothing;
         // every other command was fenced by the target's invalidation.

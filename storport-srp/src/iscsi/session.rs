@@ -200,6 +200,7 @@ pub struct CommandSpec<'a> {
 pub struct PreparedCommand {
     slot: u16,
     itt: u32,
+    header_len: usize,
     pdu_len: usize,
     immediate_len: u32,
     unsolicited_len: u32,
@@ -213,10 +214,18 @@ impl PreparedCommand {
         self.itt
     }
 
-    /// Bytes of the SCSI Command PDU written into the buffer.
+    /// Bytes of the SCSI Command PDU: its header (BHS and AHS) and the
+    /// immediate data behind it.
     #[must_use]
     pub const fn pdu_len(&self) -> usize {
         self.pdu_len
+    }
+
+    /// Bytes of the PDU's header (BHS and AHS): what
+    /// [`Session::prepare_command_header`] writes.
+    #[must_use]
+    pub const fn header_len(&self) -> usize {
+        self.header_len
     }
 
     /// Write data sent inside the command PDU.
@@ -591,6 +600,39 @@ impl Session {
         data: &dyn ImmediateData,
         buf: &mut [u8],
     ) -> Result<PreparedCommand, PrepareError> {
+        self.prepare(now, cmd, Some(data), buf)
+    }
+
+    /// As [`Session::prepare_command`], but writes only the PDU's header
+    /// ([`PreparedCommand::header_len`] bytes; its DataSegmentLength already
+    /// counts the immediate data): the caller sends the first
+    /// [`PreparedCommand::immediate_len`] bytes of the data buffer right
+    /// behind it, for example gathered by the HCA from the request's own
+    /// buffer.
+    ///
+    /// # Errors
+    ///
+    /// As [`Session::prepare_command`].
+    ///
+    /// # IRQL
+    ///
+    /// <= DISPATCH_LEVEL; never blocks, never allocates.
+    pub fn prepare_command_header(
+        &mut self,
+        now: Millis,
+        cmd: &CommandSpec<'_>,
+        buf: &mut [u8],
+    ) -> Result<PreparedCommand, PrepareError> {
+        self.prepare(now, cmd, None, buf)
+    }
+
+    fn prepare(
+        &mut self,
+        now: Millis,
+        cmd: &CommandSpec<'_>,
+        data: Option<&dyn ImmediateData>,
+        buf: &mut [u8],
+    ) -> Result<PreparedCommand, PrepareError> {
         if self.state != SessionState::Running {
             return Err(PrepareError::Blocked);
         }
@@ -629,7 +671,8 @@ impl Session {
         };
         let data_start = BHS_LEN + ahs_len;
         let pdu_len = data_start + immediate_len as usize;
-        if buf.len() < pdu_len {
+        let written = if data.is_some() { pdu_len } else { data_start };
+        if buf.len() < written {
             return Err(unsupported);
         }
         let (slot, itt) = self
@@ -641,6 +684,9 @@ impl Session {
             .ok_or_else(|| busy(self))?;
         let built = self.build_command(cmd, itt, read, write, unsolicited_len, ahs_len, buf);
         let built = built.and_then(|()| {
+            let Some(data) = data else {
+                return Ok(());
+            };
             let dst = buf
                 .get_mut(data_start..pdu_len)
                 .ok_or(PrepareError::Failed(FailureKind::Unsupported))?;
@@ -658,6 +704,7 @@ impl Session {
         Ok(PreparedCommand {
             slot,
             itt,
+            header_len: data_start,
             pdu_len,
             immediate_len,
             unsolicited_len,

@@ -34,8 +34,9 @@ use kverbs::rundown::Rundown;
 use kverbs::sync::{SpinLock, with_dispatch};
 use kverbs::wire::PortSpace;
 use kverbs::worker::{CompleteAt, Outcome, RequestQueue, WorkHandler, Worker};
-use kverbs::wr::{Completion, FastReg, Payload, SendWr, Signal, WcStatus};
+use kverbs::wr::{Completion, FastReg, Payload, SendWr, Sge, Signal, WcStatus};
 
+use crate::gather::{IMM_DATA_SGES, gather_prefix, send_wqebbs};
 use crate::iscsi::Millis;
 use crate::iscsi::description::{Portal, TargetDescription};
 use crate::iscsi::login::{Disposition, Login, LoginStart, LoginStep, Negotiated};
@@ -67,8 +68,10 @@ const CTL_STRIDE: u32 = 2176;
 const RX_MISC: u32 = 16;
 /// Login responses carry at most 8192 bytes of text per PDU.
 const LOGIN_DATA_MAX: u32 = 8192;
-/// Cap on FirstBurstLength the engine offers: unsolicited data is copied
-/// into the command's send buffer; the rest is fetched by RDMA READ.
+/// Cap on FirstBurstLength the engine offers: unsolicited Data-Out PDUs
+/// (and immediate data whose buffer needs more gather entries than a SEND
+/// has) are copied into the command's send buffer; the rest is fetched by
+/// RDMA READ.
 pub const UNSOLICITED_MAX: u32 = 16 * 1024;
 /// Largest page list one MR maps (Linux iSER: 512 KiB I/O plus an offset).
 const MAX_PAGES_PER_MR: u32 = 512;
@@ -92,6 +95,11 @@ pub struct IserConfig {
     /// Accept remote invalidation (SEND with invalidate) from targets that
     /// offer it (Linux: `!iser_always_reg` says the opposite flag).
     pub accept_remote_invalidate: bool,
+    /// Send immediate write data from the request's own buffer, gathered by
+    /// the HCA (the default), rather than copied into the send buffer. The
+    /// copy remains the path for buffers with more segments than a SEND
+    /// gathers; turning this off forces it (to compare the two).
+    pub gather_immediate: bool,
 }
 
 impl Default for IserConfig {
@@ -99,6 +107,7 @@ impl Default for IserConfig {
         Self {
             port: 1,
             accept_remote_invalidate: true,
+            gather_immediate: true,
         }
     }
 }
@@ -158,6 +167,9 @@ pub struct IserStats {
     pub busy: u64,
     /// Writes that carried immediate data.
     pub immediate_writes: u64,
+    /// Of those, the ones whose data the HCA gathered from the request's
+    /// buffer (the rest were copied into the send buffer).
+    pub immediate_gathered: u64,
     /// Unsolicited Data-Out PDUs sent.
     pub data_out_pdus: u64,
     /// Control PDUs sent (NOP-Out, TMF, logout, text).
@@ -183,6 +195,7 @@ struct Counters {
     completed: AtomicU64,
     busy: AtomicU64,
     immediate_writes: AtomicU64,
+    immediate_gathered: AtomicU64,
     data_out_pdus: AtomicU64,
     control_pdus: AtomicU64,
     tmfs: AtomicU64,
@@ -308,6 +321,9 @@ struct Conn<P: Platform> {
     tx: Mr<P>,
     rx: Mr<P>,
     pool: FrPool<P>,
+    /// The device's reserved lkey: immediate data is gathered from the
+    /// request's bus addresses under it.
+    reserved_lkey: u32,
     life: SpinLock<Life, P>,
     handler: Arc<Handler<P>>,
 }
@@ -506,8 +522,14 @@ struct IoSlot<P: Platform> {
     inv_posted: bool,
     result: Option<Stored>,
     finish_seq: u64,
-    /// Bytes of the command PDU (iSER header included) in the send buffer.
+    /// Bytes of the command PDU (iSER header included) in the send buffer:
+    /// without its immediate data when that is gathered.
     pdu_len: u32,
+    /// The immediate data's gather entries in the request's buffer (sent
+    /// behind the `pdu_len` bytes); none when it was copied or there is
+    /// none.
+    imm_sges: [Sge; IMM_DATA_SGES],
+    imm_sge_count: u8,
     /// Unsolicited Data-Out PDUs built after it: count and total bytes.
     data_outs: u16,
     data_out_bytes: u32,
@@ -536,6 +558,8 @@ impl<P: Platform> IoSlot<P> {
             result: None,
             finish_seq: 0,
             pdu_len: 0,
+            imm_sges: [Sge::default(); IMM_DATA_SGES],
+            imm_sge_count: 0,
             data_outs: 0,
             data_out_bytes: 0,
             direction: DataDirection::None,
@@ -635,9 +659,10 @@ impl Sizing {
         let rx_data = p.initiator_recv_data_segment_length.max(LOGIN_DATA_MAX);
         let max_pages = MAX_PAGES_PER_MR.min(dev_pages).max(2);
         let rx_count = u32::from(cmds_max) + RX_MISC;
-        // Per command: LOCAL_INV + REG_MR (2 WQEBBs inline) + SENDs + the
+        // Per command: LOCAL_INV + REG_MR (2 WQEBBs inline) + SENDs (the
+        // command's two WQEBBs when it gathers its immediate data) + the
         // LOCAL_INV after it; control PDUs besides.
-        let per_cmd = 5 + pdus;
+        let per_cmd = 4 + send_wqebbs(1 + IMM_DATA_SGES) + pdus;
         let send_wqebbs = (u32::from(cmds_max) * 2 * per_cmd + u32::from(CTL_BUFS) + 16)
             .min(dev_wr.saturating_sub(8).max(64));
         Sizing {
@@ -1215,6 +1240,7 @@ impl<P: Platform> Engine<P> {
             tx,
             rx,
             pool,
+            reserved_lkey: self.device.attr().reserved_lkey,
             life: SpinLock::new(Life::default()),
             handler: handler.clone(),
         });
@@ -2194,12 +2220,47 @@ impl<P: Platform> Engine<P> {
         let TState {
             session,
             tx_scratch,
+            slots,
             ..
         } = &mut *st;
         let session = session.as_mut().ok_or(PrepareError::Blocked)?;
+        let slot = slots.get_mut(usize::from(index)).ok_or(unsupported)?;
         let buf = tx_scratch.get_mut(HEADER_LEN..).ok_or(unsupported)?;
-        let prepared = session.prepare_command(now, &spec, cmd.immediate, buf)?;
-        let pdu_len = HEADER_LEN + prepared.pdu_len();
+        let prepared = session.prepare_command_header(now, &spec, buf)?;
+        // Immediate data goes from the request's buffer itself when its
+        // segments fit the SEND: the HCA gathers it (the buffer stays the
+        // request's until the SEND completes, which completion waits for).
+        // Otherwise it is copied behind the header.
+        let room = if self.config.gather_immediate {
+            (conn.qp.caps().max_send_sge as usize)
+                .saturating_sub(1)
+                .min(IMM_DATA_SGES)
+        } else {
+            0
+        };
+        let gathered = match prepared.immediate_len() {
+            0 => Some(0),
+            len => slot
+                .imm_sges
+                .get_mut(..room)
+                .and_then(|out| gather_prefix(cmd.sg_list, len, conn.reserved_lkey, out)),
+        };
+        let mut copied = gathered.is_none();
+        if copied {
+            copied = buf
+                .get_mut(prepared.header_len()..prepared.pdu_len())
+                .is_some_and(|dst| cmd.immediate.read(0, dst).is_ok());
+            if !copied {
+                session.discard_command(prepared);
+                return Err(unsupported);
+            }
+        }
+        let pdu_len = HEADER_LEN
+            + if copied {
+                prepared.pdu_len()
+            } else {
+                prepared.header_len()
+            };
         let cmd_offset = conn.layout.cmd_offset(index);
         let write = |off: u64, bytes: &[u8]| {
             conn.tx
@@ -2265,6 +2326,7 @@ impl<P: Platform> Engine<P> {
         s.inv_posted = false;
         s.result = None;
         s.pdu_len = u32::try_from(pdu_len).unwrap_or(0);
+        s.imm_sge_count = gathered.and_then(|n| u8::try_from(n).ok()).unwrap_or(0);
         s.data_outs = data_outs;
         s.data_out_bytes = u32::try_from(at - pdu_len as u64).unwrap_or(0);
         s.direction = spec.direction;
@@ -2274,6 +2336,9 @@ impl<P: Platform> Engine<P> {
         s.first_offset = run.offset;
         if prepared.immediate_len() > 0 {
             bump(&t.counters.immediate_writes);
+            if !copied {
+                bump(&t.counters.immediate_gathered);
+            }
         }
         let generation = s.generation;
         if let Some(m) = st.core_map.get_mut((cmd.tag.0 & 0xFFFF) as usize) {
@@ -2469,11 +2534,7 @@ impl<P: Platform> Engine<P> {
         let wrote =
             conn.tx.mem().write(off, &hdr).is_ok() && conn.tx.mem().write(off_bhs, &bhs).is_ok();
         let generation = s.generation;
-        let mut sges = [kverbs::wr::Sge {
-            addr: 0,
-            len: 0,
-            lkey: 0,
-        }; 1];
+        let mut sges = [Sge::default(); 1 + IMM_DATA_SGES];
         let n = usize::from(s.data_outs);
         let mut ok = wrote;
         let mut at = u64::from(s.pdu_len);
@@ -2500,6 +2561,18 @@ impl<P: Platform> Engine<P> {
                 break;
             };
             sges[0] = sge;
+            // The command PDU's gathered immediate data follows its header.
+            let gathered = if i == 0 {
+                usize::from(s.imm_sge_count)
+            } else {
+                0
+            };
+            if let (Some(dst), Some(src)) =
+                (sges.get_mut(1..1 + gathered), s.imm_sges.get(..gathered))
+            {
+                dst.copy_from_slice(src);
+            }
+            let sges = sges.get(..1 + gathered).unwrap_or(&[]);
             let signal = if i == n {
                 Signal::Signalled(WrCtx::CmdSend {
                     slot: index,
@@ -2509,7 +2582,7 @@ impl<P: Platform> Engine<P> {
                 Signal::Unsignalled
             };
             ok = batch
-                .send(&SendWr::new(Payload::Sges(&sges)), signal)
+                .send(&SendWr::new(Payload::Sges(sges)), signal)
                 .is_ok();
             if i > 0 {
                 at += u64::from(len);
@@ -2772,6 +2845,7 @@ impl<P: Platform> IserTransport<P> {
             completed: g(&c.completed),
             busy: g(&c.busy),
             immediate_writes: g(&c.immediate_writes),
+            immediate_gathered: g(&c.immediate_gathered),
             data_out_pdus: g(&c.data_out_pdus),
             control_pdus: g(&c.control_pdus),
             tmfs: g(&c.tmfs),

@@ -22,7 +22,11 @@
 //!   read for a WRITE); the iSER header carries the read STag/VA, or the
 //!   write STag with the VA past the immediate and unsolicited data already
 //!   sent (`isert` adds no offset). Immediate data travels in the command
-//!   PDU, unsolicited Data-Out PDUs follow it in the same doorbell.
+//!   PDU, gathered by the HCA from the request's own buffer behind the
+//!   header built in the send buffer (copied there only when the buffer has
+//!   more segments than the SEND gathers, or with
+//!   [`IserConfig::gather_immediate`] off); unsolicited Data-Out PDUs
+//!   follow it in the same doorbell, copied.
 //!   A buffer one MR cannot map (a scatter/gather list with gaps inside a
 //!   page run) is refused as unsupported: iSER has one STag per direction.
 //! * **Fence before completing**: a SCSI Response received with invalidate

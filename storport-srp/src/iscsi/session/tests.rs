@@ -183,6 +183,44 @@ fn golden_scsi_command_with_immediate_data() {
     assert_eq!(s.cmd_sn(), SerialNumber(0x11));
 }
 
+/// The header-only build is the same PDU without its data: its
+/// DataSegmentLength counts the immediate data the caller sends behind it,
+/// and it writes nothing past the header (a buffer just that long will do).
+#[test]
+fn command_header_alone_matches_the_whole_pdu() {
+    let neg = negotiated();
+    let (_, spec) = write10(7, 1024);
+    let data = Data((0..1024u32).map(|i| i as u8).collect());
+    let mut whole = [0u8; 2048];
+    let mut a = session(&neg);
+    let full = a
+        .prepare_command(Millis(0), &spec, &data, &mut whole)
+        .unwrap();
+    let mut b = session(&neg);
+    let mut header = [0xEEu8; 48];
+    let head = b
+        .prepare_command_header(Millis(0), &spec, &mut header)
+        .unwrap();
+    assert_eq!(head.header_len(), 48);
+    assert_eq!(full.header_len(), 48);
+    assert_eq!(
+        (head.pdu_len(), head.immediate_len(), head.unsolicited_len()),
+        (full.pdu_len(), full.immediate_len(), full.unsolicited_len())
+    );
+    assert_eq!(header, whole[..48]);
+    let a_posted = a.post_command(Millis(0), full, &mut whole).unwrap();
+    let b_posted = b.post_command(Millis(0), head, &mut header).unwrap();
+    assert_eq!(a_posted, b_posted);
+    assert_eq!(header, whole[..48], "CmdSN and ExpStatSN stamped alike");
+    // A buffer shorter than the header is refused.
+    let mut short = [0u8; 47];
+    let (_, again) = write10(8, 1024);
+    assert!(
+        b.prepare_command_header(Millis(0), &again, &mut short)
+            .is_err()
+    );
+}
+
 /// The NOP-Out that answers a target ping, byte for byte.
 #[test]
 fn golden_nop_out_answer() {
