@@ -98,6 +98,17 @@ pub trait CompletionSource {
     ///
     /// `DISPATCH_LEVEL`; must not block.
     fn arm(&self, irql: &Dispatch<'_>) -> ArmOutcome;
+
+    /// Whether [`Self::arm`] answers [`ArmOutcome::MissedEvents`] for every
+    /// completion that landed before the arm took effect (it looks at the
+    /// queue after arming, as the CQ does). Then a completion either is
+    /// seen by that look or lands while armed and raises an event, and
+    /// the drain loop leaves right after an `Armed` answer; otherwise
+    /// (the default) it polls once more after arming, which costs every
+    /// round an empty poll.
+    fn arm_reports_missed_events(&self) -> bool {
+        false
+    }
 }
 
 /// Receives completions from the drain loop.
@@ -313,11 +324,14 @@ impl DrainLoop {
                 continue;
             }
             // Armed. A completion that landed between the empty poll above
-            // and the arm raised no event: poll once more.
-            let polled = deliver(source, handler, &mut batch, irql);
-            if polled > 0 {
-                delivered = delivered.saturating_add(polled);
-                continue;
+            // and the arm raised no event: poll once more — unless the arm
+            // itself looked (then it would have answered MissedEvents).
+            if !source.arm_reports_missed_events() {
+                let polled = deliver(source, handler, &mut batch, irql);
+                if polled > 0 {
+                    delivered = delivered.saturating_add(polled);
+                    continue;
+                }
             }
             if self
                 .state

@@ -79,6 +79,10 @@ impl CompletionSource for ModelCq {
             ArmOutcome::Armed
         }
     }
+
+    fn arm_reports_missed_events(&self) -> bool {
+        self.report_missed
+    }
 }
 
 #[derive(Default)]

@@ -366,6 +366,95 @@ impl<T, P: Platform> Drop for PassiveMutexGuard<'_, T, P> {
     }
 }
 
+/// A value set once, then read without a lock from any IRQL: for a
+/// reference that can only be filled in after the object that reads it
+/// was created (a completion handler and the connection that owns its
+/// CQ), so the hot path reads it with one acquire load instead of a spin
+/// lock round trip.
+///
+/// # Invariants
+///
+/// `value` is written only by the one [`SetOnce::set`] that moves `state`
+/// from `EMPTY` to `WRITING`, and read only after `state` is `SET`
+/// (acquire, pairing with the writer's release); once `SET` it never
+/// changes until drop.
+pub struct SetOnce<T> {
+    state: atomic::AtomicU32,
+    value: UnsafeCell<Option<T>>,
+}
+
+const ONCE_EMPTY: u32 = 0;
+const ONCE_WRITING: u32 = 1;
+const ONCE_SET: u32 = 2;
+
+// SAFETY: readers get `&T` from many threads (needs `T: Sync`) and the
+// setter moves a `T` in from another thread (needs `T: Send`); the state
+// machine (type invariants) keeps the write from overlapping any read.
+unsafe impl<T: Send + Sync> Sync for SetOnce<T> {}
+
+impl<T> SetOnce<T> {
+    /// An empty cell.
+    pub fn new() -> Self {
+        SetOnce {
+            state: atomic::AtomicU32::new(ONCE_EMPTY),
+            value: UnsafeCell::new(None),
+        }
+    }
+
+    /// Sets the value; `Err(value)` if it was set (or is being set)
+    /// already.
+    ///
+    /// # IRQL
+    ///
+    /// Any (it neither blocks nor allocates).
+    pub fn set(&self, value: T) -> Result<(), T> {
+        if self
+            .state
+            .compare_exchange(
+                ONCE_EMPTY,
+                ONCE_WRITING,
+                atomic::Ordering::Acquire,
+                atomic::Ordering::Relaxed,
+            )
+            .is_err()
+        {
+            return Err(value);
+        }
+        // SAFETY: the exchange above made this call the only writer, and no
+        // reader looks before the release store below (invariants).
+        unsafe { *self.value.get() = Some(value) };
+        self.state.store(ONCE_SET, atomic::Ordering::Release);
+        Ok(())
+    }
+
+    /// The value, once set.
+    ///
+    /// # IRQL
+    ///
+    /// Any.
+    #[inline]
+    pub fn get(&self) -> Option<&T> {
+        if self.state.load(atomic::Ordering::Acquire) != ONCE_SET {
+            return None;
+        }
+        // SAFETY: `SET` was observed with acquire ordering, so the write
+        // happened before and no write follows (invariants).
+        unsafe { (*self.value.get()).as_ref() }
+    }
+}
+
+impl<T> Default for SetOnce<T> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<T: core::fmt::Debug> core::fmt::Debug for SetOnce<T> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_tuple("SetOnce").field(&self.get()).finish()
+    }
+}
+
 #[cfg(all(test, feature = "host", not(loom)))]
 mod tests {
     use super::*;
@@ -413,5 +502,37 @@ mod tests {
         let mut lock = lock;
         assert_eq!(lock.get_mut().len(), 5);
         platform.finish();
+    }
+
+    #[test]
+    fn set_once_takes_the_first_value_only_and_drops_it() {
+        let value = alloc::sync::Arc::new(7u32);
+        let cell: SetOnce<alloc::sync::Arc<u32>> = SetOnce::new();
+        assert!(cell.get().is_none());
+        assert!(cell.set(alloc::sync::Arc::clone(&value)).is_ok());
+        let refused = cell.set(alloc::sync::Arc::new(8));
+        assert_eq!(refused.map_err(|v| *v), Err(8));
+        assert_eq!(cell.get().map(|v| **v), Some(7));
+        assert_eq!(alloc::sync::Arc::strong_count(&value), 2);
+        drop(cell);
+        assert_eq!(alloc::sync::Arc::strong_count(&value), 1);
+    }
+
+    #[test]
+    fn set_once_publishes_to_other_threads() {
+        let cell = std::sync::Arc::new(SetOnce::<alloc::vec::Vec<u32>>::new());
+        let reader = {
+            let cell = std::sync::Arc::clone(&cell);
+            std::thread::spawn(move || {
+                loop {
+                    if let Some(v) = cell.get() {
+                        return v.iter().sum::<u32>();
+                    }
+                    std::thread::yield_now();
+                }
+            })
+        };
+        assert!(cell.set(alloc::vec![1, 2, 3]).is_ok());
+        assert_eq!(reader.join().ok(), Some(6));
     }
 }

@@ -108,6 +108,10 @@ impl CompletionSource for FakeCq {
             ArmOutcome::Armed
         }
     }
+
+    fn arm_reports_missed_events(&self) -> bool {
+        self.report_missed
+    }
 }
 
 /// A handler that, for each completion below `limit`, "posts" the next

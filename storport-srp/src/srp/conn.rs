@@ -46,7 +46,7 @@ use kverbs::mr::{FrPool, Mr};
 use kverbs::pd::Pd;
 use kverbs::platform::{DpcTarget, Platform};
 use kverbs::qp::{Qp, QpConfig, QpHandler};
-use kverbs::sync::SpinLock;
+use kverbs::sync::{SetOnce, SpinLock};
 use kverbs::wr::{Completion, Payload, SendWr, Sge, Signal};
 
 use super::engine::Engine;
@@ -250,7 +250,7 @@ impl<P: Platform> Conn<P> {
         let device = engine.device();
         let handler = Arc::new(ConnHandler {
             engine: Arc::downgrade(engine),
-            conn: SpinLock::new(Weak::new()),
+            conn: SetOnce::new(),
         });
         let pd = device.alloc_pd(irql)?;
         let cleanup_pd = |pd: &Pd<P>| {
@@ -373,7 +373,8 @@ impl<P: Platform> Conn<P> {
             }),
             handler: handler.clone(),
         });
-        *handler.conn.lock(irql) = Arc::downgrade(&conn);
+        // A fresh handler's cell: set here, once.
+        let _ = handler.conn.set(Arc::downgrade(&conn));
         // Kept by the engine until its objects are released.
         engine.register_conn(&conn, irql);
         for index in 0..layout.rx_count {
@@ -575,15 +576,18 @@ type EngineAndConn<P> = (Arc<Engine<P>>, Arc<Conn<P>>);
 /// The handler of one connection's CQ, QP and CM events.
 pub(crate) struct ConnHandler<P: Platform> {
     engine: Weak<Engine<P>>,
-    conn: SpinLock<Weak<Conn<P>>, P>,
+    /// Set once the connection exists (its CQ and QP, which call this
+    /// handler, are created first); read without a lock on every polled
+    /// batch.
+    conn: SetOnce<Weak<Conn<P>>>,
 }
 
 impl<P: Platform> ConnHandler<P> {
     /// The engine and the connection, while both live. Every caller runs
     /// at `DISPATCH_LEVEL` (a CQ's DPC, a QP or CM event).
-    fn get(&self, irql: &Dispatch<'_>) -> Option<EngineAndConn<P>> {
+    fn get(&self, _irql: &Dispatch<'_>) -> Option<EngineAndConn<P>> {
         let engine = self.engine.upgrade()?;
-        let conn = self.conn.lock_at_dpc_level(irql).upgrade()?;
+        let conn = self.conn.get()?.upgrade()?;
         Some((engine, conn))
     }
 }
