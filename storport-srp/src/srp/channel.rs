@@ -57,7 +57,6 @@ use core::sync::atomic::{AtomicU64, Ordering};
 
 use hca_lowlevel::device::AccessFlags;
 use hca_lowlevel::dma::PhysAddr;
-use hca_lowlevel::wqe::{CtrlSegRepr, DataSegRepr, WQEBB_SIZE};
 use kverbs::cm::CmEvent;
 use kverbs::irql::{Dispatch, LeDispatch};
 use kverbs::mr::FrMr;
@@ -74,11 +73,12 @@ use super::mapping::{self, PAGE_SHIFT, Plan, Run};
 use super::params::MAX_CH_COUNT;
 use super::recovery::Cause;
 use super::tags::{FreeSlots, TagKind, WireTag, next_generation};
+use crate::gather::{IMM_DATA_SGES, gather_prefix, send_wqebbs};
 use crate::miniport::transport::{
     CommandOutcome, CommandResult, FailureKind, PostFailed, PrepareError, Residual, ScsiCommand,
     Tag, TargetState, TmfRefused, TmfResponse,
 };
-use crate::storport::{DataDirection, QueueAction, SgElement};
+use crate::storport::{DataDirection, QueueAction};
 use crate::wire::Lun;
 use crate::wire::srp::{
     AerRsp, AerRspRepr, BufFormats, CredRsp, CredRspRepr, DirectDesc, Opcode, RspRepr, SolNot,
@@ -97,9 +97,6 @@ const OWED: usize = 16;
 /// Bytes copied per step when filling immediate data (only when the
 /// data's scatter/gather list does not fit the SEND's gather entries).
 const COPY_CHUNK: usize = 256;
-/// Most gather entries immediate data takes besides the IU header's: with
-/// the header's, seven data segments, a SEND of two WQEBBs.
-const IMM_DATA_SGES: usize = 6;
 /// A finished command's sense bytes on its completer's stack (no bytes
 /// initialised or copied but the sense's own).
 type SenseBuf = heapless::Vec<u8, SENSE_MAX>;
@@ -786,7 +783,7 @@ impl<P: Platform> Engine<P> {
             let gathered = s
                 .send_sges
                 .get_mut(1..1 + room)
-                .and_then(|out| gather_immediate(command.sg_list, len, conn.reserved_lkey, out));
+                .and_then(|out| gather_prefix(command.sg_list, len, conn.reserved_lkey, out));
             if let Some(n) = gathered {
                 // The IU in `tx` is the header alone.
                 s.tx_len = u32::from(imm);
@@ -2323,49 +2320,9 @@ fn posted_before(a: u32, b: u32) -> bool {
     b.wrapping_sub(a).wrapping_sub(1) < 1 << 31
 }
 
-/// WQEBBs of a SEND with `sges` gather entries (its control segment and
-/// one data segment each).
-fn send_wqebbs(sges: usize) -> u32 {
-    u32::try_from((CtrlSegRepr::LEN + sges * DataSegRepr::LEN).div_ceil(WQEBB_SIZE))
-        .unwrap_or(u32::MAX)
-}
-
-/// The first `len` bytes of `sg_list` as gather entries under `lkey` (the
-/// device's reserved lkey: the addresses are bus addresses) in `out`; how
-/// many, or `None` when the list is shorter than `len` or needs more
-/// entries than `out` holds.
-fn gather_immediate(sg_list: &[SgElement], len: u32, lkey: u32, out: &mut [Sge]) -> Option<usize> {
-    let mut left = len;
-    let mut n = 0;
-    for element in sg_list {
-        if left == 0 {
-            break;
-        }
-        let take = element.len.min(left);
-        if take == 0 {
-            continue;
-        }
-        *out.get_mut(n)? = Sge {
-            addr: element.phys.get(),
-            len: take,
-            lkey,
-        };
-        n += 1;
-        left -= take;
-    }
-    (left == 0).then_some(n)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn sg(phys: u64, len: u32) -> SgElement {
-        SgElement {
-            phys: PhysAddr(phys),
-            len,
-        }
-    }
 
     #[test]
     fn send_queue_positions_compare_in_serial_order() {
@@ -2377,57 +2334,7 @@ mod tests {
     }
 
     #[test]
-    fn immediate_data_gathers_exactly_the_transfer_length() {
-        let list = [
-            sg(0x1_0f00, 0x100),
-            sg(0x2_0000, 0x1000),
-            sg(0x3_0000, 0x800),
-        ];
-        let mut out = [Sge::default(); IMM_DATA_SGES];
-        // Trimmed to the transfer length inside the second element.
-        assert_eq!(gather_immediate(&list, 0x180, 7, &mut out), Some(2));
-        assert_eq!(
-            out[0],
-            Sge {
-                addr: 0x1_0f00,
-                len: 0x100,
-                lkey: 7
-            }
-        );
-        assert_eq!(
-            out[1],
-            Sge {
-                addr: 0x2_0000,
-                len: 0x80,
-                lkey: 7
-            }
-        );
-        // The whole list; empty elements take no entry.
-        let holes = [sg(0x1_0000, 0), sg(0x2_0000, 0x1000), sg(0x9_0000, 0)];
-        assert_eq!(gather_immediate(&holes, 0x1000, 1, &mut out), Some(1));
-        assert_eq!(
-            out[0],
-            Sge {
-                addr: 0x2_0000,
-                len: 0x1000,
-                lkey: 1
-            }
-        );
-        // A list shorter than the transfer, or one needing more entries
-        // than there is room for: not gathered (the caller copies).
-        assert_eq!(gather_immediate(&list, 0x1901, 7, &mut out), None);
-        assert_eq!(gather_immediate(&[], 1, 7, &mut out), None);
-        assert_eq!(gather_immediate(&list, 0x1101, 7, &mut out[..2]), None);
-        assert_eq!(gather_immediate(&list, 0x1100, 7, &mut out[..2]), Some(2));
-    }
-
-    #[test]
-    fn send_wqebbs_counts_control_and_data_segments() {
-        // 16-byte control segment, 16 bytes per gather entry, 64-byte WQEBBs.
-        assert_eq!(send_wqebbs(1), 1);
-        assert_eq!(send_wqebbs(3), 1);
-        assert_eq!(send_wqebbs(4), 2);
-        assert_eq!(send_wqebbs(1 + IMM_DATA_SGES), 2);
+    fn a_gathering_send_fits_a_commands_sizing_share() {
         assert!(
             send_wqebbs(1 + IMM_DATA_SGES) <= 1 + 4,
             "fits a command's sizing share"
