@@ -375,13 +375,8 @@ fn selective_signalling() {
     assert_eq!(b.cq.drain().len(), 4);
 }
 
-#[test]
-fn sq_sig_all_signals_everything() {
-    let f = Fabric::stepped();
-    let hca = f.add_hca(HcaConfig::new([10, 0, 0, 9]));
-    let pd = hca.alloc_pd().unwrap();
-    let log = EventLog::new();
-    let mut cq = RawCq::new(hca.create_cq(16, log).unwrap());
+/// An RC QP connected to itself, both queues on `cq`.
+fn loopback_rc_qp(hca: &SoftHca, pd: Pdn, cq: &RawCq, sq_sig_all: bool) -> RawQp {
     let init = QpInit {
         qp_type: QpType::Rc,
         pd,
@@ -390,19 +385,29 @@ fn sq_sig_all_signals_everything() {
         sq_wqebbs: 8,
         rq_entries: 8,
         max_recv_sge: 1,
-        sq_sig_all: true,
+        sq_sig_all,
         port: 1,
     };
-    let mut qp = RawQp::new(hca.create_qp(&init).unwrap());
-    // Loopback RC QP to itself.
+    let qp = RawQp::new(hca.create_qp(&init).unwrap());
     bring_up_qp(
-        &*hca,
+        hca,
         qp.qpn,
         QpType::Rc,
         Some((hca.gid(), qp.qpn)),
         RcOptions::default(),
     )
     .unwrap();
+    qp
+}
+
+#[test]
+fn sq_sig_all_signals_everything() {
+    let f = Fabric::stepped();
+    let hca = f.add_hca(HcaConfig::new([10, 0, 0, 9]));
+    let pd = hca.alloc_pd().unwrap();
+    let log = EventLog::new();
+    let mut cq = RawCq::new(hca.create_cq(16, log).unwrap());
+    let mut qp = loopback_rc_qp(&hca, pd, &cq, true);
     let mut w = qp.builder(SendOpcode::RdmaWrite, CtrlFlags::empty(), 0);
     w.raddr(0, 0).unwrap();
     qp.post_send(&mut w).unwrap();
@@ -1065,26 +1070,7 @@ fn inline_doorbell_completes_before_post_returns() {
     let (mut a, _b) = rc_pair(&f, RcOptions::default()).unwrap();
     let probe = Arc::new(Probe(AtomicUsize::new(0)));
     let mut cq = RawCq::new(a.hca.create_cq(8, probe.clone()).unwrap());
-    let init = QpInit {
-        qp_type: QpType::Rc,
-        pd: a.pd,
-        send_cq: cq.cqn,
-        recv_cq: cq.cqn,
-        sq_wqebbs: 8,
-        rq_entries: 8,
-        max_recv_sge: 1,
-        sq_sig_all: false,
-        port: 1,
-    };
-    let mut qp = RawQp::new(a.hca.create_qp(&init).unwrap());
-    bring_up_qp(
-        &*a.hca,
-        qp.qpn,
-        QpType::Rc,
-        Some((a.hca.gid(), qp.qpn)),
-        RcOptions::default(),
-    )
-    .unwrap();
+    let mut qp = loopback_rc_qp(&a.hca, a.pd, &cq, false);
     cq.arm(false);
     f.set_inline_doorbells(true);
     let mut w = qp.builder(SendOpcode::RdmaWrite, CtrlFlags::CQ_UPDATE, 0);
@@ -1170,26 +1156,7 @@ fn thread_mode_inline_doorbells_run_on_the_ringing_thread() {
         elsewhere: AtomicUsize::new(0),
     });
     let mut cq = RawCq::new(a.hca.create_cq(8, probe.clone()).unwrap());
-    let init = QpInit {
-        qp_type: QpType::Rc,
-        pd: a.pd,
-        send_cq: cq.cqn,
-        recv_cq: cq.cqn,
-        sq_wqebbs: 8,
-        rq_entries: 8,
-        max_recv_sge: 1,
-        sq_sig_all: false,
-        port: 1,
-    };
-    let mut qp = RawQp::new(a.hca.create_qp(&init).unwrap());
-    bring_up_qp(
-        &*a.hca,
-        qp.qpn,
-        QpType::Rc,
-        Some((a.hca.gid(), qp.qpn)),
-        RcOptions::default(),
-    )
-    .unwrap();
+    let mut qp = loopback_rc_qp(&a.hca, a.pd, &cq, false);
     let events = || probe.on_poster.load(Ordering::SeqCst) + probe.elsewhere.load(Ordering::SeqCst);
     let post = |cq: &mut RawCq, qp: &mut RawQp| {
         cq.arm(false);

@@ -779,7 +779,9 @@ impl Shared {
     /// until a doorbell or a link wakes it.
     pub fn device_thread_wait(&self) -> std::time::Duration {
         let w = self.lock();
-        let now = w.now;
+        // The clock now, not the world's last engine run: the device
+        // thread's own run may have found the world busy.
+        let now = self.now();
         let wait = w
             .next_deadline()
             .map_or(2_000_000, |t| t.saturating_sub(now))
