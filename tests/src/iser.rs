@@ -495,12 +495,22 @@ impl IserStack {
         let platform = self.platform.clone();
         platform.run_passive(|p| {
             self.model.settle();
+            let targets = u8::try_from(self.targets.len()).unwrap_or(u8::MAX);
+            let failures = |p: &Passive<'_>| -> Vec<u64> {
+                (0..targets)
+                    .map(|i| self.stats(i, p).transport_failures)
+                    .collect()
+            };
+            let before = failures(p);
             assert!(self.model.stop_adapter(p), "stop adapter");
             let stopped = self.wait_until(Duration::from_secs(60), || {
                 self.model.miniport().core().state()
                     == storport_srp::miniport::AdapterState::Stopped
             });
             assert!(stopped, "the adapter did not stop");
+            // The target ends the connection as soon as it has answered the
+            // logout: that is the stop, not a transport failure.
+            assert_eq!(failures(p), before, "stop counted as a transport failure");
             let open = self.transport().open_connections(p);
             assert_eq!(open, 0, "connections left open after stop");
             self.model.free_adapter(p);

@@ -594,6 +594,10 @@ enum Phase {
 
 struct TState<P: Platform> {
     running: bool,
+    /// `stop` has sent (or is about to send) its logout: the connection
+    /// that ends after it is neither a transport failure nor a reason to
+    /// connect again, even before `running` is cleared.
+    stopping: bool,
     recovery: Recovery,
     phase: Phase,
     epoch: u32,
@@ -993,7 +997,7 @@ impl<P: Platform> Engine<P> {
         bump(&t.counters.connect_attempts);
         let epoch = {
             let mut st = t.st.lock(irql);
-            if !st.running || st.phase != Phase::Down {
+            if !st.running || st.stopping || st.phase != Phase::Down {
                 return;
             }
             st.epoch = st.epoch.wrapping_add(1);
@@ -2054,7 +2058,7 @@ impl<P: Platform> Engine<P> {
             st.phase = Phase::Down;
             st.busy_reported = true;
             let now = now_ms::<P>();
-            let step = if !st.running {
+            let step = if !st.running || st.stopping {
                 RecoveryStep::default()
             } else if st.was_full {
                 bump(&t.counters.transport_failures);
@@ -2751,6 +2755,7 @@ impl<P: Platform> IserTransport<P> {
             let st = TState {
                 redirect: None,
                 running: false,
+                stopping: false,
                 recovery: Recovery::new(&desc.timeouts, now_ms::<P>()),
                 phase: Phase::Down,
                 epoch: 0,
@@ -2946,6 +2951,7 @@ impl<P: Platform> Transport for IserTransport<P> {
             let step = {
                 let mut st = t.st.lock(irql);
                 st.running = true;
+                st.stopping = false;
                 st.recovery = Recovery::new(&t.desc.timeouts, now_ms::<P>());
                 let step = st.recovery.handle_timeout(now_ms::<P>());
                 Engine::mirror(t, &st);
@@ -2961,6 +2967,9 @@ impl<P: Platform> Transport for IserTransport<P> {
         // A graceful logout where a session is live (bounded).
         for t in e.targets.iter() {
             let mut st = t.st.lock(irql);
+            // Set first: the target may end the connection as soon as it
+            // has answered the logout, before the wait below notices.
+            st.stopping = true;
             if st.phase == Phase::Full {
                 if let Some(s) = st.session.as_mut() {
                     s.logout(now_ms::<P>());
