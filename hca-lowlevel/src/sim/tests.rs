@@ -1087,18 +1087,8 @@ fn inline_doorbell_completes_before_post_returns() {
     let _ = &mut a;
 }
 
-#[test]
-fn device_thread_mode() {
-    let f = Fabric::new(FabricConfig {
-        mode: ExecMode::Thread,
-        seed: 1,
-        ..FabricConfig::default()
-    });
-    let (mut a, mut b) = rc_pair(&f, RcOptions::default()).unwrap();
-    let src = a.buffer(65536, RW).unwrap();
-    let dst = b.buffer(65536, RW).unwrap();
-    src.mem.write(0, &pattern(65536, 8)).unwrap();
-    let n = 32;
+/// `n` receives of 2 KiB on `b`, then `n` signalled 2 KiB SENDs from `a`.
+fn post_2k_sends(a: &mut Node, b: &mut Node, src: &Buffer, dst: &Buffer, n: u64) {
     for i in 0..n {
         b.qp.post_recv(&[dst.sge(i * 2048, 2048)]).unwrap();
     }
@@ -1112,6 +1102,21 @@ fn device_thread_mode() {
         );
         a.qp.post_send(&mut w).unwrap();
     }
+}
+
+#[test]
+fn device_thread_mode() {
+    let f = Fabric::new(FabricConfig {
+        mode: ExecMode::Thread,
+        seed: 1,
+        ..FabricConfig::default()
+    });
+    let (mut a, mut b) = rc_pair(&f, RcOptions::default()).unwrap();
+    let src = a.buffer(65536, RW).unwrap();
+    let dst = b.buffer(65536, RW).unwrap();
+    src.mem.write(0, &pattern(65536, 8)).unwrap();
+    let n = 32;
+    post_2k_sends(&mut a, &mut b, &src, &dst, n);
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     let (mut sent, mut recvd) = (0, 0);
     while (sent < n || recvd < n) && std::time::Instant::now() < deadline {
@@ -1226,19 +1231,7 @@ fn thread_mode_inline_doorbells_keep_retransmit_timers() {
     let dst = b.buffer(16384, RW).unwrap();
     src.mem.write(0, &pattern(16384, 3)).unwrap();
     let n = 8;
-    for i in 0..n {
-        b.qp.post_recv(&[dst.sge(i * 2048, 2048)]).unwrap();
-    }
-    for i in 0..n {
-        let mut w = send_wqe(
-            &a.qp,
-            SendOpcode::Send,
-            CtrlFlags::CQ_UPDATE,
-            0,
-            src.sge(i * 2048, 2048),
-        );
-        a.qp.post_send(&mut w).unwrap();
-    }
+    post_2k_sends(&mut a, &mut b, &src, &dst, n);
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     let (mut sent, mut recvd) = (Vec::new(), Vec::new());
     while (sent.len() < n as usize || recvd.len() < n as usize)
