@@ -694,8 +694,10 @@ mod tests {
 
     #[test]
     fn the_plan_leaves_room_for_every_command_s_writes() {
-        let mut config = SrpTargetConfig::default();
-        config.max_rdma_size = 4096;
+        let mut config = SrpTargetConfig {
+            max_rdma_size: 4096,
+            ..SrpTargetConfig::default()
+        };
         let plan = LanePlan::for_config(&config);
         assert_eq!(plan.slots, LANE_SLOTS);
         // 64 KiB in 4 KiB WRITEs, one more per descriptor, and the SEND.
