@@ -24,6 +24,13 @@
 //! Every `SRP_RSP` returns one credit plus whatever accumulated (commands
 //! aborted without a response). The misbehaviour switches hook in where
 //! the behaviour they change happens.
+//!
+//! While the channel is live, the common commands never reach this thread:
+//! the DPC lane ([`super::lane`]) serves them in the CQ's DPC and only
+//! leaves the rest here. The thread shares the credit account and the
+//! delivered-buffer history with it, counts its commands as outstanding,
+//! leaves its share of the send queue alone, and turns it off while
+//! credits are withheld, after a logout and when the channel goes down.
 
 use std::collections::VecDeque;
 use std::sync::Arc;

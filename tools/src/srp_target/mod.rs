@@ -14,8 +14,11 @@
 //!   `PASSIVE_LEVEL`), runs `ib_srpt`'s checks ([`login`]), creates the
 //!   channel and accepts or rejects, and joins channels that finished.
 //! * One thread per channel ([`channel`]) serves its IUs at
-//!   `PASSIVE_LEVEL`: the CQ, QP and CM callbacks only leave notes in its
-//!   mailbox and wake it.
+//!   `PASSIVE_LEVEL`: the CQ, QP and CM callbacks leave notes in its
+//!   mailbox and wake it — except for the commands the channel's DPC lane
+//!   ([`lane`]) serves in the CQ's DPC (reads of up to 64 KiB,
+//!   immediate-data writes, no-data commands: no thread wake per I/O;
+//!   `SrpTargetConfig::serve_in_dpc`, counted in `ius_served_in_dpc`).
 //!
 //! Every thread runs inside [`HostPlatform::run_passive`], so the host
 //! verifier checks the target's own use of the verbs library too.
