@@ -146,6 +146,7 @@ fn build(
             cm_timing: Some(timing),
             staging_bytes: 64 << 20,
             immediate_data: options.immediate_data,
+            serve_in_dpc: target_serves_in_dpc(),
             ..SrpTargetConfig::default()
         };
         let target = SrpTarget::start_on_hca(platform, target_hca, config, p)
@@ -192,4 +193,25 @@ fn build(
         },
         p,
     )
+}
+
+/// Whether the in-process SRP target serves commands in its CQ's DPC
+/// ([`SrpTargetConfig::serve_in_dpc`], the default) unless
+/// `KVBENCH_TARGET_DPC` (`0` or `1`) says otherwise, so one binary can
+/// compare both.
+fn target_serves_in_dpc() -> bool {
+    let default = SrpTargetConfig::default().serve_in_dpc;
+    match std::env::var("KVBENCH_TARGET_DPC") {
+        Ok(v) if v == "0" => false,
+        Ok(v) if v == "1" => true,
+        Ok(other) => {
+            eprintln!(
+                "kvbench: KVBENCH_TARGET_DPC={other:?} is neither 0 nor 1; \
+                 keeping the default ({})",
+                u8::from(default)
+            );
+            default
+        }
+        Err(_) => default,
+    }
 }

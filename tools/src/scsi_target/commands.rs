@@ -79,6 +79,10 @@ struct DataIn<'s> {
     wanted: u64,
     sent: u64,
     sink: &'s mut dyn FnMut(&[u8]),
+    /// Neither block nor allocate (see `ScsiTarget::try_execute`).
+    nonblocking: bool,
+    /// Set when a non-blocking command could not run to its end.
+    declined: bool,
 }
 
 impl DataIn<'_> {
@@ -102,7 +106,11 @@ impl DataIn<'_> {
         self.wanted = len;
         self.sent = send;
         if send > 0 {
-            lu.store().read(offset, send, self.sink);
+            if self.nonblocking {
+                self.declined = !lu.store().try_read(offset, send, self.sink);
+            } else {
+                lu.store().read(offset, send, self.sink);
+            }
         }
     }
 }
@@ -123,19 +131,48 @@ pub(super) fn execute(
     request: &Request<'_>,
     sink: &mut dyn FnMut(&[u8]),
 ) -> Response {
+    match execute_in(target, request, sink, false) {
+        Some(response) => response,
+        // Only a non-blocking run declines.
+        None => Response {
+            status: Status::BUSY,
+            sense: None,
+            data_in_len: 0,
+            data_in_residual: Residual::None,
+            data_out_residual: Residual::None,
+        },
+    }
+}
+
+/// `execute`, or with `nonblocking` its variant that declines (`None`)
+/// instead of blocking or allocating.
+pub(super) fn execute_in(
+    target: &ScsiTarget,
+    request: &Request<'_>,
+    sink: &mut dyn FnMut(&[u8]),
+    nonblocking: bool,
+) -> Option<Response> {
+    if nonblocking && !runs_without_blocking(request.cdb) {
+        return None;
+    }
     let mut data_in = DataIn {
         capacity: u64::from(request.data_in_capacity),
         wanted: 0,
         sent: 0,
         sink,
+        nonblocking,
+        declined: false,
     };
     let data_out_len = request.data_out.map_or(0, <[u8]>::len) as u64;
     let index = request.lun.index();
     let lu = index.and_then(|index| target.lun(index));
+    let outcome = run(target, lu.map(AsRef::as_ref), request, &mut data_in);
+    if data_in.declined {
+        return None;
+    }
     if let Some(lu) = lu {
         lu.count_command();
     }
-    let outcome = run(target, lu.map(AsRef::as_ref), request, &mut data_in);
     let (status, sense, data_out_residual) = match outcome {
         Ok(consumed) => (Status::GOOD, None, residual(data_out_len, consumed)),
         Err(failure) => {
@@ -157,7 +194,7 @@ pub(super) fn execute(
         Some(lu) if lu.config().descriptor_sense => SenseFormat::Descriptor,
         _ => SenseFormat::Fixed,
     };
-    Response {
+    Some(Response {
         status,
         sense: sense.map(|sense| sense.in_format(format)),
         // CAST: sent <= capacity, a u32.
@@ -168,7 +205,27 @@ pub(super) fn execute(
             residual(data_in.capacity, 0)
         },
         data_out_residual,
-    }
+    })
+}
+
+/// Whether a command is one the non-blocking path runs: READ, WRITE and
+/// TEST UNIT READY answer without building anything on the heap.
+fn runs_without_blocking(cdb: &[u8]) -> bool {
+    use storport_srp::scsi::Opcode;
+    matches!(
+        cdb.first().copied().map(Opcode),
+        Some(
+            Opcode::READ_6
+                | Opcode::READ_10
+                | Opcode::READ_12
+                | Opcode::READ_16
+                | Opcode::WRITE_6
+                | Opcode::WRITE_10
+                | Opcode::WRITE_12
+                | Opcode::WRITE_16
+                | Opcode::TEST_UNIT_READY
+        )
+    )
 }
 
 fn run(
@@ -257,7 +314,9 @@ fn run(
         CdbRepr::Read(c) => {
             let (offset, len) = check_read_write(lu, &c)?;
             data_in.send_from_store(lu, offset, len);
-            lu.count_read(data_in.sent);
+            if !data_in.declined {
+                lu.count_read(data_in.sent);
+            }
             Ok(0)
         }
         CdbRepr::Write(c) => {
@@ -266,7 +325,14 @@ fn run(
                 return Err(Failure::write_protected());
             }
             let data = data_out(request, len)?;
-            lu.store().write(offset, data);
+            if data_in.nonblocking {
+                if !lu.store().try_write(offset, data) {
+                    data_in.declined = true;
+                    return Ok(0);
+                }
+            } else {
+                lu.store().write(offset, data);
+            }
             lu.count_write(len);
             Ok(len)
         }

@@ -180,6 +180,11 @@ impl FaultHooks {
             .len()
     }
 
+    /// Whether any rule is armed (a command may be delayed or failed).
+    pub fn armed(&self) -> bool {
+        self.armed.load(Ordering::Acquire)
+    }
+
     /// How many commands a rule has affected so far.
     pub fn fired(&self) -> u64 {
         self.fired.load(Ordering::Relaxed)

@@ -275,6 +275,26 @@ impl ScsiTarget {
         commands::execute(self, request, data_in)
     }
 
+    /// [`Self::execute`] for a caller that must neither block nor allocate
+    /// (the SRP target serving a command in its CQ's DPC): `None` when the
+    /// command cannot run to its end that way — a fault rule is armed (it
+    /// may sleep), the command is not a READ, WRITE or TEST UNIT READY
+    /// (the others build their answers on the heap), a chunk lock is held,
+    /// or a WRITE would allocate a chunk. Nothing is counted then, and the
+    /// caller runs [`Self::execute`] on a thread instead; the sink may have
+    /// seen a prefix of the data-in, and a WRITE may have stored a prefix of
+    /// its (identical) data.
+    pub fn try_execute(
+        &self,
+        request: &Request<'_>,
+        data_in: &mut dyn FnMut(&[u8]),
+    ) -> Option<Response> {
+        if self.faults.armed() {
+            return None;
+        }
+        commands::execute_in(self, request, data_in, true)
+    }
+
     /// [`Self::execute`] collecting the data-in into a vector (tests,
     /// tools).
     pub fn execute_to_vec(&self, request: &Request<'_>) -> (Response, Vec<u8>) {

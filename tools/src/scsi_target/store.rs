@@ -15,7 +15,7 @@
 //! unallocated chunk reads as zeros. The chunk size grows with the capacity
 //! so that the chunk table stays at most [`MAX_CHUNKS`] entries.
 
-use std::sync::{PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard, TryLockError};
 
 /// The smallest chunk: 64 KiB (a multiple of both block sizes).
 pub const MIN_CHUNK_BYTES: u64 = 64 * 1024;
@@ -128,6 +128,66 @@ impl BlockStore {
         }
     }
 
+    /// [`Self::read`] for a caller that must neither block nor allocate
+    /// (the SRP target serving in its CQ's DPC): `false` as soon as a chunk
+    /// lock is held by a writer. The sink may have received a prefix of
+    /// the range then; the caller drops it and serves the command on a
+    /// thread instead.
+    ///
+    /// # Panics
+    ///
+    /// If the range is outside the store.
+    pub fn try_read(&self, offset: u64, len: u64, sink: &mut dyn FnMut(&[u8])) -> bool {
+        self.check(offset, len);
+        for (index, within, piece) in self.pieces(offset, len) {
+            let guard = match self.chunks[index].try_read() {
+                Ok(guard) => guard,
+                Err(TryLockError::Poisoned(e)) => e.into_inner(),
+                Err(TryLockError::WouldBlock) => return false,
+            };
+            match guard.as_deref() {
+                Some(data) => sink(&data[within..within + piece]),
+                None => {
+                    let mut left = piece;
+                    while left > 0 {
+                        let step = left.min(ZEROS.len());
+                        sink(&ZEROS[..step]);
+                        left -= step;
+                    }
+                }
+            }
+        }
+        true
+    }
+
+    /// [`Self::write`] for a caller that must neither block nor allocate:
+    /// `false` as soon as a chunk lock is held or a chunk would have to be
+    /// allocated. The chunks before that one were written then; the caller
+    /// writes the whole range again on a thread (a transfer that spans
+    /// chunks is not atomic anyway, and the bytes are the same).
+    ///
+    /// # Panics
+    ///
+    /// If the range is outside the store.
+    pub fn try_write(&self, offset: u64, data: &[u8]) -> bool {
+        self.check(offset, data.len() as u64);
+        let mut rest = data;
+        for (index, within, piece) in self.pieces(offset, data.len() as u64) {
+            let (head, tail) = rest.split_at(piece);
+            rest = tail;
+            let mut guard = match self.chunks[index].try_write() {
+                Ok(guard) => guard,
+                Err(TryLockError::Poisoned(e)) => e.into_inner(),
+                Err(TryLockError::WouldBlock) => return false,
+            };
+            let Some(chunk) = guard.as_deref_mut() else {
+                return false;
+            };
+            chunk[within..within + piece].copy_from_slice(head);
+        }
+        true
+    }
+
     /// Copies `data` into the store at `offset`.
     ///
     /// # Panics
@@ -221,6 +281,32 @@ fn write_lock(lock: &RwLock<Chunk>) -> RwLockWriteGuard<'_, Chunk> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn try_read_and_try_write_refuse_instead_of_waiting_or_allocating() {
+        let store = BlockStore::new(4 * MIN_CHUNK_BYTES);
+        // An unallocated chunk reads as zeros but cannot be written without
+        // allocating it.
+        let mut seen = Vec::new();
+        assert!(store.try_read(10, 100, &mut |p| seen.extend_from_slice(p)));
+        assert_eq!(seen, vec![0u8; 100]);
+        assert!(!store.try_write(10, &[7; 100]));
+        assert_eq!(store.allocated_chunks(), 0);
+        store.write(0, &[1; 8]);
+        assert!(store.try_write(10, &[7; 100]));
+        assert_eq!(collect(&store, 8, 4), [0, 0, 7, 7]);
+        // A held chunk lock: both refuse rather than wait.
+        let held = store.chunks[0].write().unwrap();
+        assert!(!store.try_read(0, 4, &mut |_| {}));
+        assert!(!store.try_write(0, &[3; 4]));
+        drop(held);
+        let held = store.chunks[0].read().unwrap();
+        assert!(store.try_read(0, 4, &mut |_| {}));
+        assert!(!store.try_write(0, &[3; 4]));
+        drop(held);
+        assert!(store.try_write(0, &[3; 4]));
+        assert_eq!(collect(&store, 0, 2), [3, 3]);
+    }
 
     fn collect(store: &BlockStore, offset: u64, len: u64) -> Vec<u8> {
         let mut out = Vec::new();

@@ -24,6 +24,13 @@
 //! Every `SRP_RSP` returns one credit plus whatever accumulated (commands
 //! aborted without a response). The misbehaviour switches hook in where
 //! the behaviour they change happens.
+//!
+//! While the channel is live, the common commands never reach this thread:
+//! the DPC lane ([`super::lane`]) serves them in the CQ's DPC and only
+//! leaves the rest here. The thread shares the credit account and the
+//! delivered-buffer history with it, counts its commands as outstanding,
+//! leaves its share of the send queue alone, and turns it off while
+//! credits are withheld, after a logout and when the channel goes down.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -48,6 +55,7 @@ use storport_srp::wire::{Lun, srp};
 
 use super::TargetShared;
 use super::counters::Counters;
+use super::lane::LanePlan;
 use super::misbehave::{Fate, HostileAttempt, HostileOutcome, HostileReport};
 use super::shared::{
     ChannelShared, ChannelState, CmdRef, DisconnectWhy, Note, Request, SendWhat, Terminal, WrCtx,
@@ -69,8 +77,6 @@ pub(crate) const SCRATCH_LEN: usize = 64 << 10;
 pub(crate) const HOSTILE_BYTE: u8 = 0xEE;
 /// Longest sleep of an idle channel thread.
 const IDLE_WAIT: Duration = Duration::from_millis(50);
-/// How many delivered buffers the stale-rkey switch remembers.
-const DONE_HISTORY: usize = 64;
 /// How long ago a buffer's response must have been delivered for the
 /// stale-rkey switch to use it.
 const STALE_AGE: Duration = Duration::from_millis(20);
@@ -261,15 +267,12 @@ pub(crate) struct Channel {
     tms: Vec<PendingTm>,
     /// Built IUs waiting for a send slot (bytes, what).
     pending_ius: VecDeque<(Vec<u8>, SendWhat)>,
-    pending_delta: i32,
     withhold: Option<Withhold>,
     idle_since: Instant,
-    initiator_credits: i64,
     outstanding_requests: Vec<(u64, Opcode)>,
     next_request_tag: u64,
-    /// Buffers of commands whose responses were delivered: (when, tag,
-    /// first descriptor), newest last.
-    done: VecDeque<(Instant, u64, DirectDesc)>,
+    /// The send-queue share left to the DPC lane.
+    lane_wrs: u32,
     later: Vec<LaterHostile>,
     logout: bool,
     zero_length_posted: bool,
@@ -287,7 +290,7 @@ impl Channel {
         let req_size = config.srp_max_req_size as usize;
         let rsp_size = config.srp_max_rsp_size as usize;
         let free_send = (0..objects.send_slots).rev().collect();
-        let initiator_credits = i64::from(config.rq_size);
+        let lane_wrs = LanePlan::for_config(config).wr_budget;
         Self {
             shared,
             target,
@@ -312,13 +315,11 @@ impl Channel {
             delayed: Vec::new(),
             tms: Vec::new(),
             pending_ius: VecDeque::new(),
-            pending_delta: 0,
             withhold: None,
             idle_since: Instant::now(),
-            initiator_credits,
             outstanding_requests: Vec::new(),
             next_request_tag: TARGET_TAG_BASE,
-            done: VecDeque::with_capacity(DONE_HISTORY),
+            lane_wrs,
             later: Vec::new(),
             logout: false,
             zero_length_posted: false,
@@ -335,6 +336,7 @@ impl Channel {
 
     /// The thread's body.
     pub(crate) fn run(mut self, p: &Passive<'_>) {
+        self.shared.lane.lock(p).negotiated(self.neg);
         while self.phase != Phase::Done {
             while let Some(request) = self.shared.take_request() {
                 self.on_request(request, p);
@@ -351,12 +353,24 @@ impl Channel {
             }
             self.on_time(p);
             self.progress(p);
+            self.sync_lane(p);
             if self.phase != Phase::Done {
                 let wait = self.next_wake();
                 self.shared.wait(wait, p);
             }
         }
         self.release(p);
+    }
+
+    /// Lets the DPC lane serve while the channel is live and nothing the
+    /// lane does not do is under way (credits withheld, logout).
+    fn sync_lane(&self, p: &Passive<'_>) {
+        let serving = self.phase == Phase::Live && self.withhold.is_none() && !self.logout;
+        self.shared.credits.set_hold(self.withhold.is_some());
+        let mut lane = self.shared.lane.lock(p);
+        if lane.serving != serving {
+            lane.serving = serving;
+        }
     }
 
     fn next_wake(&self) -> Duration {
@@ -392,7 +406,7 @@ impl Channel {
                 }
             }
             Request::CredReq { delta } if self.phase == Phase::Live => {
-                let delta = delta.saturating_add(std::mem::take(&mut self.pending_delta));
+                let delta = delta.saturating_add(self.shared.credits.take_pending());
                 self.queue_cred_req(delta);
             }
             Request::AerReq { lun, sense, delta } if self.phase == Phase::Live => {
@@ -466,13 +480,7 @@ impl Channel {
 
     /// Records credits given to the initiator.
     fn grant(&mut self, delta: i32) {
-        self.initiator_credits += i64::from(delta);
-        if delta > 0 {
-            Counters::add(
-                &self.counters().credits_granted,
-                delta.unsigned_abs().into(),
-            );
-        }
+        self.shared.credits.grant(delta, &self.target.counters);
     }
 
     // ---- notes from DISPATCH_LEVEL ---------------------------------------
@@ -514,6 +522,8 @@ impl Channel {
                     self.phase = Phase::Done;
                 }
             }
+            Note::LanePostFailed => self.disconnect(p),
+            Note::LaneIdle => self.idle_since = Instant::now(),
             Note::QpEvent(event) => {
                 if matches!(
                     event,
@@ -553,10 +563,16 @@ impl Channel {
                     self.on_recv(slot, c.byte_len, p);
                 }
             }
+            // The lane accounted for its own SEND in the DPC.
+            WrCtx::Send {
+                what: SendWhat::Served,
+                ..
+            } => {}
             WrCtx::Send { slot, what } => {
                 self.free_send.push(slot);
                 match what {
-                    SendWhat::Response(r) => self.on_response_sent(r, !failed),
+                    SendWhat::Served => {}
+                    SendWhat::Response(r) => self.on_response_sent(r, !failed, p),
                     SendWhat::Plain => {}
                     SendWhat::TLogout => self.disconnect(p),
                 }
@@ -672,10 +688,7 @@ impl Channel {
     }
 
     fn use_credit(&mut self) {
-        if self.initiator_credits <= 0 {
-            Counters::add(&self.counters().credit_violations, 1);
-        }
-        self.initiator_credits -= 1;
+        self.shared.credits.use_credit(&self.target.counters);
     }
 
     // ---- commands ---------------------------------------------------------
@@ -986,16 +999,13 @@ impl Channel {
         self.out.push_back(r);
     }
 
-    fn on_response_sent(&mut self, r: CmdRef, delivered: bool) {
+    fn on_response_sent(&mut self, r: CmdRef, delivered: bool, p: &Passive<'_>) {
         let Some(cmd) = self.remove(r) else {
             return;
         };
         if delivered {
             if let Some(desc) = cmd.transfer.first_desc() {
-                if self.done.len() == DONE_HISTORY {
-                    self.done.pop_front();
-                }
-                self.done.push_back((Instant::now(), cmd.tag, desc));
+                self.shared.lane.lock(p).remember(cmd.tag, desc);
                 if let (Some(delay), Transfer::In(_)) = (cmd.hostile_after, &cmd.transfer) {
                     let report = self.target.add_hostile(HostileReport {
                         attempt: HostileAttempt::AfterResponse { delay },
@@ -1117,7 +1127,7 @@ impl Channel {
     /// the next response.
     fn finish_aborted(&mut self, r: CmdRef) {
         if self.remove(r).is_some() {
-            self.pending_delta = self.pending_delta.saturating_add(1);
+            self.shared.credits.owe_one();
         }
         for tm in &mut self.tms {
             tm.waiting.retain(|&w| w != r);
@@ -1159,13 +1169,18 @@ impl Channel {
     /// The `req_lim_delta` of the next response: one, plus what
     /// accumulated — or nothing while credits are withheld.
     fn next_delta(&mut self) -> i32 {
-        if self.withhold.is_none() {
+        if self.withhold.is_none() && !self.target.switches.idle() {
+            // The lane stops before the switch is consumed (it serves only
+            // while no switch is armed and no hold is set).
+            self.shared.credits.set_hold(true);
             if let Some((responses, idle_release)) = self.target.switches.take_withhold() {
                 self.withhold = Some(Withhold {
                     remaining: responses,
                     withheld: 0,
                     idle_release,
                 });
+            } else {
+                self.shared.credits.set_hold(false);
             }
         }
         if let Some(w) = self.withhold.as_mut() {
@@ -1179,7 +1194,7 @@ impl Channel {
                 return 0;
             }
         }
-        1 + std::mem::take(&mut self.pending_delta)
+        1 + self.shared.credits.take_pending()
     }
 
     /// Gives the withheld credits back in one `SRP_CRED_REQ`.
@@ -1187,7 +1202,7 @@ impl Channel {
         if let Some(w) = self.withhold.take() {
             let delta = w
                 .withheld
-                .saturating_add(std::mem::take(&mut self.pending_delta));
+                .saturating_add(self.shared.credits.take_pending());
             if delta > 0 {
                 self.queue_cred_req(delta);
             }
@@ -1196,11 +1211,13 @@ impl Channel {
 
     /// Commands the initiator is waiting on.
     fn outstanding(&self) -> usize {
+        let lane = self.shared.credits.lane_inflight() as usize;
         self.cmds
             .iter()
             .flatten()
             .filter(|c| c.stage != Stage::Dropped)
             .count()
+            + lane
     }
 
     // ---- time -------------------------------------------------------------
@@ -1274,6 +1291,9 @@ impl Channel {
         // commands in flight, the last response may still be in its hands).
         let settled = Instant::now().checked_sub(STALE_AGE);
         let stale = self
+            .shared
+            .lane
+            .lock(p)
             .done
             .iter()
             .rev()
@@ -1416,8 +1436,10 @@ impl Channel {
             return;
         }
         let qp = &self.objects.qp;
+        // The lane's share stays free: it posts without asking the thread.
         let mut room = qp
             .send_capacity()
+            .saturating_sub(self.lane_wrs)
             .saturating_sub(qp.outstanding(QueueKind::Send));
         let mut ops: Vec<Op> = Vec::new();
         // Queued IUs first (task management answers, target requests).
@@ -1707,6 +1729,7 @@ impl Channel {
             return;
         }
         self.shared.set_state(ChannelState::Closing);
+        self.shared.lane.lock(p).serving = false;
         // An error means the terminal event is already on its way.
         let _ = self.target.port.disconnect(self.shared.cm_id, &[], p);
         self.phase = Phase::Disconnecting;
@@ -1714,6 +1737,7 @@ impl Channel {
 
     fn destroy_qp(&mut self, p: &Passive<'_>) {
         self.shared.set_state(ChannelState::Closing);
+        self.shared.lane.lock(p).serving = false;
         self.phase = Phase::DestroyingQp;
         if self.objects.qp.destroy(p).is_err() {
             // Destroy already under way: its callback still comes.
@@ -1730,6 +1754,10 @@ impl Channel {
             let _ = self.remove(r);
         }
         self.staging.release(p);
+        let lane = self.shared.lane.lock(p).take_io();
+        if let Some(lane) = lane {
+            lane.release(p);
+        }
         let _ = self.objects.recv_mr.dereg(p);
         let _ = self.objects.send_mr.dereg(p);
         let _ = self.objects.scratch_mr.dereg(p);

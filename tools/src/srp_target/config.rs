@@ -118,6 +118,11 @@ pub struct SrpTargetConfig {
     pub cm_timing: Option<CmTiming>,
     /// How long [`super::SrpTarget::stop`] waits for each stage.
     pub stop_timeout: Duration,
+    /// Serve what can be served in the CQ's DPC (the DPC lane: reads of
+    /// up to 64 KiB, immediate-data writes, no-data commands) instead of
+    /// waking the channel thread for every command. Off: the thread serves
+    /// everything, as before the lane (for comparisons).
+    pub serve_in_dpc: bool,
 }
 
 /// The CM timing knobs a test may want shorter than Linux's.
@@ -154,6 +159,7 @@ impl Default for SrpTargetConfig {
             enabled: true,
             cm_timing: None,
             stop_timeout: Duration::from_secs(10),
+            serve_in_dpc: true,
         }
     }
 }

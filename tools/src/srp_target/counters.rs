@@ -133,6 +133,9 @@ counters! {
     protection_errors,
     /// Hostile RDMA attempts made.
     hostile_attempts,
+    /// `SRP_CMD`s served in the CQ's DPC, without waking the channel
+    /// thread (see the lane in `srp_target::lane`).
+    ius_served_in_dpc,
 }
 
 /// The SRP reason of a reject-counter index.

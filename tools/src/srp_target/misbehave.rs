@@ -270,7 +270,9 @@ impl Switches {
         r
     }
 
-    fn idle(&self) -> bool {
+    /// Whether no switch is armed (one atomic load: the DPC lane asks it
+    /// for every command).
+    pub(crate) fn idle(&self) -> bool {
         !self.any.load(Ordering::Acquire)
     }
 

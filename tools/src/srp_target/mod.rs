@@ -14,8 +14,11 @@
 //!   `PASSIVE_LEVEL`), runs `ib_srpt`'s checks ([`login`]), creates the
 //!   channel and accepts or rejects, and joins channels that finished.
 //! * One thread per channel ([`channel`]) serves its IUs at
-//!   `PASSIVE_LEVEL`: the CQ, QP and CM callbacks only leave notes in its
-//!   mailbox and wake it.
+//!   `PASSIVE_LEVEL`: the CQ, QP and CM callbacks leave notes in its
+//!   mailbox and wake it — except for the commands the channel's DPC lane
+//!   ([`lane`]) serves in the CQ's DPC (reads of up to 64 KiB,
+//!   immediate-data writes, no-data commands: no thread wake per I/O;
+//!   `SrpTargetConfig::serve_in_dpc`, counted in `ius_served_in_dpc`).
 //!
 //! Every thread runs inside [`HostPlatform::run_passive`], so the host
 //! verifier checks the target's own use of the verbs library too.
@@ -42,6 +45,7 @@
 mod channel;
 pub mod config;
 mod counters;
+mod lane;
 mod login;
 pub mod misbehave;
 mod shared;
@@ -420,11 +424,14 @@ impl TargetShared {
         let config = &self.config;
         let recv_slots = config.rq_size + RECV_EXTRA;
         let send_slots = config.rq_size + SEND_EXTRA;
+        // The DPC lane's own send slots (after the thread's) and share of
+        // the send queue.
+        let plan = lane::LanePlan::for_config(config);
         // Each command: its WRITEs (or READs) and one SEND; the queue holds
         // a few per command and the channel waits for room beyond that.
         // (The device rounds each queue, kverbs' drain marker included, up
         // to a power of two; the CQ covers both rounded queues.)
-        let sq_ring = (config.rq_size * 4 + SEND_EXTRA).next_power_of_two();
+        let sq_ring = (config.rq_size * 4 + SEND_EXTRA + plan.wr_budget).next_power_of_two();
         let send_wqebbs = sq_ring - 1;
         let cq_entries = (sq_ring + (recv_slots + 1).next_power_of_two()).next_power_of_two();
         let recv_mr = Mr::alloc(
@@ -440,7 +447,7 @@ impl TargetShared {
         };
         let send_mr = match Mr::alloc(
             &self.pd,
-            send_slots as usize * config.srp_max_rsp_size as usize,
+            (send_slots + plan.slots) as usize * config.srp_max_rsp_size as usize,
             AccessFlags::LOCAL_WRITE,
             p,
         ) {
@@ -465,6 +472,7 @@ impl TargetShared {
             cm_id,
             req.nexus(),
             cq_entries as usize + 64,
+            config.rq_size,
         ));
         let cq = match Cq::create(
             &self.device,
@@ -532,6 +540,26 @@ impl TargetShared {
                 shared.request(Request::Abandon, p);
             }
             return Err(VerbsError::InvalidArgument);
+        }
+        // The lane is an optimisation: without its memory, the thread
+        // serves everything.
+        let io = if config.serve_in_dpc {
+            lane::LaneIo::new(
+                Arc::clone(self),
+                &self.pd,
+                objects.qp.clone(),
+                objects.recv_mr.clone(),
+                objects.send_mr.clone(),
+                send_slots,
+                plan,
+                p,
+            )
+            .ok()
+        } else {
+            None
+        };
+        if let Some(io) = io {
+            shared.lane.lock(p).install(io);
         }
         Ok((shared, objects))
     }

@@ -19,6 +19,8 @@ use kverbs::wr::Completion;
 use storport_srp::scsi::SenseRepr;
 use storport_srp::wire::srp::PortId;
 
+use super::lane::{Credits, Lane, LaneOutcome};
+
 /// A command's place in its channel's table: slot and generation (a
 /// completion for a command that is gone names a dead generation).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,6 +38,9 @@ pub(crate) enum SendWhat {
     Plain,
     /// `SRP_T_LOGOUT`: disconnect once delivered.
     TLogout,
+    /// A command's `SRP_RSP` the DPC lane posted (from a lane send slot;
+    /// the lane accounts for it).
+    Served,
 }
 
 /// The context of every work request a channel posts.
@@ -77,6 +82,10 @@ pub(crate) enum Note {
     QpDestroyed,
     CqDestroyed,
     QpEvent(AsyncEvent),
+    /// The DPC lane could not post a command's answer (the QP refused).
+    LanePostFailed,
+    /// The DPC lane finished a command while the thread waits for it.
+    LaneIdle,
 }
 
 /// Why a channel is asked to disconnect.
@@ -127,6 +136,11 @@ pub(crate) struct ChannelShared {
     pub(crate) cm_id: CmId,
     pub(crate) nexus: (PortId, PortId),
     mailbox: SpinLock<VecDeque<Note>, HostPlatform>,
+    /// The DPC lane and the state it shares with the thread (credits,
+    /// delivered buffers).
+    pub(crate) lane: SpinLock<Lane, HostPlatform>,
+    /// The credit account, shared by the thread and the lane.
+    pub(crate) credits: Credits,
     /// Notes that found the mailbox full (a sizing bug: the channel fails).
     pub(crate) lost: AtomicU64,
     wake: HostEvent,
@@ -137,12 +151,20 @@ pub(crate) struct ChannelShared {
 }
 
 impl ChannelShared {
-    pub(crate) fn new(id: u32, cm_id: CmId, nexus: (PortId, PortId), capacity: usize) -> Self {
+    pub(crate) fn new(
+        id: u32,
+        cm_id: CmId,
+        nexus: (PortId, PortId),
+        capacity: usize,
+        initial_credits: u32,
+    ) -> Self {
         Self {
             id,
             cm_id,
             nexus,
             mailbox: SpinLock::new(VecDeque::with_capacity(capacity)),
+            lane: SpinLock::new(Lane::new()),
+            credits: Credits::new(initial_credits),
             lost: AtomicU64::new(0),
             wake: HostEvent::new(EventKind::Synchronization, false),
             requests: Mutex::new(VecDeque::new()),
@@ -221,7 +243,17 @@ impl ChannelShared {
 
 impl CqHandler<WrCtx> for ChannelShared {
     fn on_completion(&self, completion: Completion<WrCtx>, irql: &Dispatch<'_>) {
-        self.post(Note::Wc(completion), irql);
+        // The lane serves what it can here; the rest wakes the thread.
+        let outcome =
+            self.lane
+                .lock_at_dpc_level(irql)
+                .on_completion(completion, &self.credits, irql);
+        match outcome {
+            LaneOutcome::Done => {}
+            LaneOutcome::Wake => self.post(Note::LaneIdle, irql),
+            LaneOutcome::Forward(c) => self.post(Note::Wc(c), irql),
+            LaneOutcome::PostFailed => self.post(Note::LanePostFailed, irql),
+        }
     }
 
     fn on_destroyed(&self, irql: &Dispatch<'_>) {
