@@ -265,10 +265,15 @@ fn with_thread<R>(f: impl FnOnce(&ThreadState) -> R) -> Option<R> {
     THREAD.try_with(f).ok()
 }
 
+#[inline]
 fn current_irql_raw() -> Irql {
     with_thread(|t| Irql::from_raw(t.irql.get())).unwrap_or(Irql::PASSIVE)
 }
 
+/// Records a violation of the calling thread (only ever on a broken rule:
+/// cold, out of line).
+#[cold]
+#[inline(never)]
 fn record(kind: ViolationKind) {
     let _ = with_thread(|t| {
         if t.in_device.get() {
@@ -350,6 +355,7 @@ pub fn as_driver<R>(f: impl FnOnce() -> R) -> R {
 }
 
 /// `KeRaiseIrql(DISPATCH_LEVEL)` on the thread model.
+#[inline]
 fn raise_to_dispatch_raw() -> Irql {
     with_thread(raise_on).unwrap_or(Irql::PASSIVE)
 }
@@ -360,9 +366,7 @@ fn raise_to_dispatch_raw() -> Irql {
 fn raise_on(t: &ThreadState) -> Irql {
     let old = t.irql.get();
     if old > Irql::DISPATCH.raw() {
-        record(ViolationKind::WrongIrqlForLock {
-            at: Irql::from_raw(old),
-        });
+        record_wrong_irql_for_lock(old);
     }
     let depth = t.raise_depth.get();
     if let Some(slot) = t.raises.get(depth) {
@@ -373,8 +377,19 @@ fn raise_on(t: &ThreadState) -> Irql {
     Irql::from_raw(old)
 }
 
+/// Records a spin lock taken at the wrong IRQL (`at`, raw): out of line,
+/// so the lock's fast path builds no violation on its stack.
+#[cold]
+#[inline(never)]
+fn record_wrong_irql_for_lock(at: u8) {
+    record(ViolationKind::WrongIrqlForLock {
+        at: Irql::from_raw(at),
+    });
+}
+
 /// `KeLowerIrql(to)` on the thread model, checking it undoes the innermost
 /// raise.
+#[inline]
 fn lower_irql_raw(to: Irql) {
     let _ = with_thread(|t| lower_on(t, to));
 }
@@ -572,21 +587,35 @@ impl HostSpinLock {
         core::ptr::from_ref(self).addr()
     }
 
-    /// Takes the lock word (test-and-test-and-set), no bookkeeping.
+    /// Takes the lock word (test-and-test-and-set), no bookkeeping. The
+    /// uncontended case is one compare-exchange inline; spinning is out of
+    /// line, so the callers' fast path carries no spill for it.
     #[inline]
     fn spin_acquire_word(&self) {
+        if self
+            .locked
+            .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
+            self.spin_acquire_contended();
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn spin_acquire_contended(&self) {
         loop {
+            while self.locked.load(Ordering::Relaxed) {
+                std::hint::spin_loop();
+                // The holder may be descheduled on a loaded host; let it run.
+                thread::yield_now();
+            }
             if self
                 .locked
                 .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
                 .is_ok()
             {
                 break;
-            }
-            while self.locked.load(Ordering::Relaxed) {
-                std::hint::spin_loop();
-                // The holder may be descheduled on a loaded host; let it run.
-                thread::yield_now();
             }
         }
     }
@@ -624,6 +653,7 @@ unsafe impl RawSpinLock for HostSpinLock {
         }
     }
 
+    #[inline]
     fn acquire(&self) -> Irql {
         // The raise and the held-lock push in one visit to the thread
         // model (the raise is bookkeeping on the host: whether it is
@@ -637,6 +667,7 @@ unsafe impl RawSpinLock for HostSpinLock {
         .unwrap_or(Irql::PASSIVE)
     }
 
+    #[inline]
     unsafe fn release(&self, old: Irql) {
         let _ = with_thread(|t| {
             pop_held_on(t, self.id());
@@ -645,17 +676,19 @@ unsafe impl RawSpinLock for HostSpinLock {
         self.locked.store(false, Ordering::Release);
     }
 
+    #[inline]
     fn acquire_at_dpc_level(&self) {
         self.spin_acquire_word();
         let _ = with_thread(|t| {
-            let at = Irql::from_raw(t.irql.get());
-            if at != Irql::DISPATCH {
-                record(ViolationKind::WrongIrqlForLock { at });
+            let at = t.irql.get();
+            if at != Irql::DISPATCH.raw() {
+                record_wrong_irql_for_lock(at);
             }
             push_held_on(t, self.id());
         });
     }
 
+    #[inline]
     unsafe fn release_from_dpc_level(&self) {
         self.spin_release();
     }
@@ -1557,6 +1590,7 @@ unsafe impl Platform for HostPlatform {
     type WorkItem = HostWorkItem;
     type Timer = HostTimer;
 
+    #[inline]
     fn current_irql() -> Irql {
         current_irql_raw()
     }
@@ -1585,10 +1619,12 @@ unsafe impl Platform for HostPlatform {
         thread::sleep(d);
     }
 
+    #[inline]
     unsafe fn raise_to_dispatch() -> Irql {
         raise_to_dispatch_raw()
     }
 
+    #[inline]
     unsafe fn lower_irql(old: Irql) {
         lower_irql_raw(old);
     }

@@ -72,6 +72,7 @@ use super::login::{self, LoginFailure, Negotiated};
 use super::mapping::{self, PAGE_SHIFT, Plan, Run};
 use super::params::MAX_CH_COUNT;
 use super::recovery::Cause;
+use super::sq_budget::{SqBudget, SqRefused};
 use super::tags::{FreeSlots, TagKind, WireTag, next_generation};
 use crate::gather::{IMM_DATA_SGES, gather_prefix, send_wqebbs};
 use crate::miniport::transport::{
@@ -138,7 +139,6 @@ pub(crate) struct ChanState<P: Platform> {
     pub live: bool,
     pub credits: Credits,
     neg: Option<Negotiated>,
-    sq_free: u32,
     free: FreeSlots,
     tmf_free: FreeSlots,
     rsp_free: u8,
@@ -146,8 +146,10 @@ pub(crate) struct ChanState<P: Platform> {
 }
 
 impl<P: Platform> ChanState<P> {
-    /// Makes `conn` the channel's connection (login under way).
-    pub(crate) fn attach(&mut self, conn: Arc<Conn<P>>) {
+    /// Makes `conn` the channel's connection (login under way); `sq`, the
+    /// channel's send-queue budget, stays closed until it goes live.
+    pub(crate) fn attach(&mut self, conn: Arc<Conn<P>>, sq: &SqBudget) {
+        sq.close();
         self.conn = Some(conn);
         self.live = false;
         self.credits.clear();
@@ -155,8 +157,10 @@ impl<P: Platform> ChanState<P> {
         self.owed.clear();
     }
 
-    /// Takes the connection away (it is ending): no credit, nothing new.
-    pub(crate) fn detach(&mut self) -> Option<Arc<Conn<P>>> {
+    /// Takes the connection away (it is ending): no credit, no send-queue
+    /// room (`sq` closes), nothing new.
+    pub(crate) fn detach(&mut self, sq: &SqBudget) -> Option<Arc<Conn<P>>> {
+        sq.close();
         self.live = false;
         self.credits.clear();
         self.neg = None;
@@ -181,12 +185,19 @@ impl<P: Platform> ChanState<P> {
         self.conn.as_ref().is_some_and(|c| c.epoch == epoch)
     }
 
-    fn go_live(&mut self, neg: &Negotiated, send_capacity: u32) {
+    /// The current connection went live; `sq` (the channel's send-queue
+    /// budget) opens for its epoch.
+    fn go_live(&mut self, neg: &Negotiated, send_capacity: u32, sq: &SqBudget) {
         self.live = true;
         self.pending = None;
         self.credits.reset(neg.req_lim);
         self.neg = Some(*neg);
-        self.sq_free = send_capacity.saturating_sub(TMF_SLOTS + RSP_IUS);
+        if let Some(conn) = &self.conn {
+            sq.open(
+                conn.epoch,
+                send_capacity.saturating_sub(TMF_SLOTS + RSP_IUS),
+            );
+        }
         self.rsp_free = u8::try_from((1u32 << RSP_IUS) - 1).unwrap_or(u8::MAX);
         self.owed.clear();
     }
@@ -200,9 +211,9 @@ impl<P: Platform> ChanState<P> {
         Some(index)
     }
 
-    pub(crate) fn reset_after_stop(&mut self) {
+    pub(crate) fn reset_after_stop(&mut self, sq: &SqBudget) {
         self.pending = None;
-        self.detach();
+        self.detach(sq);
     }
 }
 
@@ -472,6 +483,9 @@ impl<P: Platform> TmfSlot<P> {
 pub(crate) struct Channel<P: Platform> {
     pub index: u8,
     pub state: SpinLock<ChanState<P>, P>,
+    /// The send-queue room of the live connection: reserved and given back
+    /// without the channel lock (opened and closed under it).
+    pub sq: SqBudget,
     slots: Box<[SpinLock<CmdSlot<P>, P>]>,
     tmfs: Box<[SpinLock<TmfSlot<P>, P>]>,
     /// The core tag of each busy command slot (bit 32 set), for finding an
@@ -496,12 +510,12 @@ impl<P: Platform> Channel<P> {
                 live: false,
                 credits: Credits::new(),
                 neg: None,
-                sq_free: 0,
                 free: FreeSlots::new(slots),
                 tmf_free: FreeSlots::new(TMF_SLOTS as usize),
                 rsp_free: 0,
                 owed: heapless::Deque::new(),
             }),
+            sq: SqBudget::new(),
             slots: (0..slots)
                 .map(|_| SpinLock::new(CmdSlot::new(sizing)))
                 .collect(),
@@ -678,22 +692,16 @@ impl<P: Platform> Engine<P> {
             Ok(v) => v,
             Err(e) => return Err(undo(e)),
         };
-        let reserved = {
-            let mut st = ch.state.lock(irql);
-            if !st.is_current(&conn) || !st.live {
-                Err(Refusal::Down)
-            } else if st.sq_free < budget {
-                st.credits.note_starved();
-                Err(Refusal::Busy)
-            } else {
-                st.sq_free -= budget;
-                Ok(())
-            }
-        };
-        if let Err(e) = reserved {
-            if matches!(e, Refusal::Busy) {
-                bump(&t.counters.busy_resources);
-            }
+        // The room is known only now; it is reserved without the channel
+        // lock (`SqBudget` is tagged with the epoch it counts for).
+        if let Err(refused) = ch.sq.reserve(conn.epoch, budget) {
+            let e = match refused {
+                SqRefused::Closed => Refusal::Down,
+                SqRefused::Full => {
+                    bump(&t.counters.busy_resources);
+                    Refusal::Busy
+                }
+            };
             slot_lock.lock(irql).clear();
             return Err(undo(e));
         }
@@ -1114,11 +1122,11 @@ impl<P: Platform> Engine<P> {
             tag.store(0, Ordering::Release);
         }
         let notify = {
+            ch.sq.give_back(epoch, budget);
             let mut st = ch.state.lock(irql);
             let _ = st.free.push(index);
             if st.epoch_is(epoch) && st.live {
                 st.credits.give_back();
-                st.sq_free = st.sq_free.saturating_add(budget);
             }
             st.credits.take_starved()
         };
@@ -1232,12 +1240,10 @@ impl<P: Platform> Engine<P> {
         if let Some(tag) = ch.core_tags.get(usize::from(done.slot)) {
             tag.store(0, Ordering::Release);
         }
+        ch.sq.give_back(done.epoch, done.budget);
         let notify = {
             let mut st = ch.state.lock(irql);
             let _ = st.free.push(done.slot);
-            if st.epoch_is(done.epoch) {
-                st.sq_free = st.sq_free.saturating_add(done.budget);
-            }
             st.credits.take_starved()
         };
         bump(&t.counters.completed);
@@ -2230,7 +2236,7 @@ impl<P: Platform> Engine<P> {
                         let attached = live && {
                             let mut st = ch.state.lock(irql);
                             if st.is_current(conn) && st.pending == Some(conn.epoch) {
-                                st.go_live(&neg, conn.qp.send_capacity());
+                                st.go_live(&neg, conn.qp.send_capacity(), &ch.sq);
                                 true
                             } else {
                                 false

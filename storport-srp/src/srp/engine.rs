@@ -706,7 +706,7 @@ impl<P: Platform> Engine<P> {
                 conn.retire(Cause::Stop, irql);
                 return false;
             }
-            st.attach(Arc::clone(&conn));
+            st.attach(Arc::clone(&conn), &ch.sq);
         }
         let mut buf = [0u8; 64];
         let form = match t.params.addressing {
@@ -956,7 +956,7 @@ impl<P: Platform> Engine<P> {
         let conn = {
             let mut st = ch.state.lock(irql);
             st.pending = None;
-            st.detach()
+            st.detach(&ch.sq)
         };
         if let Some(conn) = conn {
             self.retire_conn(t, ch, &conn, cause, irql);
@@ -974,7 +974,7 @@ impl<P: Platform> Engine<P> {
         {
             let mut st = ch.state.lock(irql);
             if st.is_current(conn) {
-                st.detach();
+                st.detach(&ch.sq);
             }
         }
         conn.retire(cause, irql);
@@ -1544,7 +1544,7 @@ impl<P: Platform> Transport for SrpTransport<P> {
         for t in e.targets.iter() {
             t.timer.cancel(irql);
             for ch in t.channels.iter() {
-                ch.state.lock(irql).reset_after_stop();
+                ch.state.lock(irql).reset_after_stop(&ch.sq);
             }
         }
     }

@@ -27,6 +27,7 @@ pub mod mapping;
 pub mod params;
 pub mod recovery;
 mod reset_group;
+mod sq_budget;
 pub mod tags;
 
 pub use channel::SrpPrepared;
