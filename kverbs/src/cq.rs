@@ -214,15 +214,17 @@ impl<P: Platform, C: Send + 'static> CompletionSource for CqCore<P, C> {
     fn poll<const N: usize>(&self, out: &mut heapless::Vec<CqItem<P, C>, N>, _irql: &Dispatch<'_>) {
         let Some(claim) = self.claim() else { return };
         let start = self.ci.load(Ordering::Relaxed);
+        // The ring's words looked up once for the whole batch.
+        let ring = self.ring.view();
         // Nothing there (the poll after a short batch, after an arm): one
         // owner-bit load.
-        if !self.ring.is_ready(start) {
+        if !ring.is_ready(start) {
             return;
         }
         let mut ci = start;
         {
             while !out.is_full() {
-                let Some(raw) = self.ring.poll(ci) else { break };
+                let Some(raw) = ring.poll(ci) else { break };
                 ci = ci.wrapping_add(1);
                 let cqe = match CqeRepr::parse(&raw) {
                     Ok(c) => c,
