@@ -175,6 +175,9 @@ pub(crate) struct CqCore<P: Platform, C: Send + 'static> {
     ci: AtomicU32,
     /// Completion events received: the next arm's sequence number.
     events: AtomicU32,
+    /// The arm word last written to the doorbell record; written only by
+    /// the claim holder, so a poll can rewrite the whole record with it.
+    arm_word: AtomicU32,
     /// The attached QPs; its read claim is also the poll/arm claim.
     qps: QpTable<P, C>,
     /// CQEs the attached queues can have outstanding; held across an
@@ -254,7 +257,9 @@ impl<P: Platform, C: Send + 'static> CompletionSource for CqCore<P, C> {
                 .fetch_add(u64::from(ci.wrapping_sub(start)), Ordering::Relaxed);
             self.ci.store(ci, Ordering::Relaxed);
             // One consumer-index update per batch: the CQEs are free again.
-            self.dbr.set_ci(ci);
+            // The whole record in one store (the arm half unchanged).
+            let arm = CqArm::from_word(self.arm_word.load(Ordering::Relaxed));
+            self.dbr.set_ci_and_arm(ci, arm);
         }
     }
 
@@ -268,7 +273,9 @@ impl<P: Platform, C: Send + 'static> CompletionSource for CqCore<P, C> {
             solicited_only: false,
             ci,
         };
-        self.dbr.set_arm(arm);
+        self.arm_word.store(arm.word(), Ordering::Relaxed);
+        // The whole record in one store (the counter half unchanged).
+        self.dbr.set_ci_and_arm(ci, arm);
         barrier::mmio_wc_start();
         self.arm_doorbell.write64(arm.doorbell_value(self.cqn));
         barrier::mmio_flush_writes();
@@ -440,6 +447,7 @@ impl<P: Platform, C: Send + 'static> Cq<P, C> {
                 arm_doorbell: res.arm_doorbell,
                 ci: AtomicU32::new(0),
                 events: AtomicU32::new(0),
+                arm_word: AtomicU32::new(0),
                 qps: AttachedTable::new(),
                 attached_depth: SpinLock::new(0),
                 polled: AtomicU64::new(0),
