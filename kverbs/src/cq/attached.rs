@@ -12,16 +12,16 @@
 //! # Why a reader never sees a freed QP
 //!
 //! A remover empties its slot (a compare-exchange, so exactly one remover
-//! gets the `Arc`), then does a read-modify-write on the claim flag and, if
-//! it finds the flag set, waits until it is clear. Read-modify-writes of
-//! one location are totally ordered, so either
+//! gets the `Arc`), then compare-exchanges the claim flag from clear to
+//! clear, retrying while the flag is set. The successful compare-exchange
+//! is a read-modify-write, so it reads the latest value of the flag:
 //!
-//! * a poll's claim comes after the remover's, and then (the claim reads
-//!   the remover's write, which comes after the emptied slot) the poll finds
-//!   the slot empty; or
-//! * the claim came before, and the remover waits for that poll's release
-//!   of the claim, so everything the poll did with the QP happens before
-//!   the remover drops the `Arc`.
+//! * a poll that claims after it reads its write (or a later one that came
+//!   from it through acquire/release steps), so the emptied slot happens
+//!   before the poll's scan and the poll finds the slot empty;
+//! * a poll that claimed before it has released the claim (the flag it
+//!   read was clear), and that release happens before the remover drops
+//!   the `Arc`, so everything the poll did with the QP came first.
 //!
 //! The wait is bounded by one poll (at most a batch of CQEs, no callback:
 //! the poll only resolves CQEs to work requests) and never waits for a
@@ -138,12 +138,17 @@ impl<T, const N: usize> AttachedTable<T, N> {
             return None;
         }
         // Order the emptied slot against the claim of every poll (see the
-        // module docs): a poll claimed after this read-modify-write finds the
-        // slot empty; one claimed before is waited for.
-        if self.reading.fetch_or(false, Ordering::AcqRel) {
-            while self.reading.load(Ordering::Acquire) {
-                spin_wait();
-            }
+        // module docs): a compare-exchange from clear to clear succeeds only
+        // as a read-modify-write of the latest value, with no claim held; a
+        // poll claimed after it finds the slot empty, one claimed before has
+        // released. A failed one writes nothing (and may have read a stale
+        // claim), so it is simply tried again. A cold path: detach only.
+        while self
+            .reading
+            .compare_exchange(false, false, Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
+        {
+            spin_wait();
         }
         // SAFETY: the compare-exchange above took `target` out of its slot,
         // so this remover alone owns the reference the slot held (type
