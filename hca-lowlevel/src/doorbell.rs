@@ -211,15 +211,15 @@ impl<M: SharedWords> CqDoorbellRecord<M> {
     ///
     /// # IRQL
     /// Any (never blocks).
+    #[inline]
     pub fn set_ci_and_arm(&self, ci: u32, arm: CqArm) {
         // The record's layout: the counter at CQ_DBR_SET_CI (0), the arm
-        // word at CQ_DBR_ARM (4), both big-endian (pinned below).
-        let [c0, c1, c2, c3] = (ci & 0xff_ffff).to_be_bytes();
-        let [a0, a1, a2, a3] = arm.word().to_be_bytes();
-        let record: [u8; DBR_LEN] = [c0, c1, c2, c3, a0, a1, a2, a3];
+        // word at CQ_DBR_ARM (4), both big-endian (pinned above): the
+        // 64-bit value `ci << 32 | arm`, stored big-endian.
+        let record = (u64::from(ci & 0xff_ffff) << 32) | u64::from(arm.word());
         // The record was checked to be one word long in `new`.
         if let Some(word) = self.mem.words().first() {
-            word.store(u64::from_ne_bytes(record), Ordering::Release);
+            word.store(record.to_be(), Ordering::Release);
         }
     }
 
