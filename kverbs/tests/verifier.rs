@@ -355,3 +355,27 @@ fn correct_lock_nesting_and_levels_are_not_flagged() {
     });
     platform.finish();
 }
+
+#[test]
+fn fill_random_draws_from_the_os_generator_and_its_failure_switch_works() {
+    let platform = HostPlatform::new();
+    platform.run_passive(|p| {
+        let mut a = [0u8; 64];
+        let mut b = [0u8; 64];
+        assert_eq!(platform.fill_random(&mut a, p), Ok(()));
+        assert_eq!(platform.fill_random(&mut b, p), Ok(()));
+        assert!(a.iter().any(|&x| x != 0));
+        assert_ne!(a, b);
+        // An empty buffer is filled trivially.
+        assert_eq!(platform.fill_random(&mut [], p), Ok(()));
+        platform.set_random_unavailable(true);
+        assert_eq!(
+            platform.fill_random(&mut a, p),
+            Err(kverbs::platform::RandomUnavailable)
+        );
+        platform.set_random_unavailable(false);
+        assert_eq!(platform.fill_random(&mut a, p), Ok(()));
+    });
+    assert!(kinds(&platform).is_empty());
+    platform.finish();
+}

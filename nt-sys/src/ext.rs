@@ -106,3 +106,24 @@ unsafe extern "system" {
     /// returned.
     pub fn KeLowerIrql(NewIrql: u8);
 }
+
+// ---------------------------------------------------------------------------
+// BCryptGenRandom (bcrypt/nf-bcrypt-bcryptgenrandom): kernel-mode CNG,
+// exported by cng.sys (`Cng.lib`); bcrypt.h is not among the headers
+// bindgen reads.
+// ---------------------------------------------------------------------------
+
+/// `BCRYPT_USE_SYSTEM_PREFERRED_RNG` (0x2): use the system-preferred
+/// generator with a NULL algorithm handle; supported only at PASSIVE_LEVEL.
+pub const BCRYPT_USE_SYSTEM_PREFERRED_RNG: u32 = 0x0000_0002;
+
+unsafe extern "system" {
+    /// `BCryptGenRandom`: fills `cbBuffer` bytes at `pbBuffer` from the
+    /// generator (NIST SP800-90 CTR_DRBG); returns an `NTSTATUS`.
+    pub fn BCryptGenRandom(
+        hAlgorithm: *mut c_void,
+        pbBuffer: *mut u8,
+        cbBuffer: u32,
+        dwFlags: u32,
+    ) -> Status;
+}

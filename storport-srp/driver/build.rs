@@ -1,5 +1,5 @@
 //! Links the driver as a kernel image. The import libraries for
-//! ntoskrnl.exe, HAL.dll and storport.sys are made by `kv-sys` from the
+//! ntoskrnl.exe, HAL.dll, storport.sys and cng.sys are made by `kv-sys` from the
 //! committed export allowlists in `imports/` (so a call to anything not in
 //! them fails to link) and passed in `KVSRP_IMPORT_LIBS`.
 
@@ -14,7 +14,7 @@ fn main() {
     match std::env::var("KVSRP_IMPORT_LIBS") {
         Ok(dir) => {
             println!("cargo::rustc-link-search=native={dir}");
-            for lib in ["ntoskrnl", "hal", "storport"] {
+            for lib in ["ntoskrnl", "hal", "storport", "cng"] {
                 println!("cargo::rustc-link-lib=dylib={lib}");
             }
         }

@@ -7,7 +7,7 @@ fn main() {
         return;
     };
     println!("cargo::rustc-link-search=native={dir}");
-    for lib in ["ntoskrnl", "hal"] {
+    for lib in ["ntoskrnl", "hal", "cng"] {
         println!("cargo::rustc-link-lib=dylib={lib}");
     }
     for arg in [

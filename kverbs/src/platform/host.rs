@@ -65,8 +65,8 @@ use std::time::{Duration, Instant};
 
 use crate::irql::{Dispatch, Irql, LeDispatch, Passive};
 use crate::platform::{
-    AllocError, DpcRoutine, DpcTarget, EventKind, Platform, RawDpc, RawEvent, RawMutex,
-    RawSpinLock, RawTimer, RawWorkItem, Ticks, WorkRoutine,
+    AllocError, DpcRoutine, DpcTarget, EventKind, Platform, RandomUnavailable, RawDpc, RawEvent,
+    RawMutex, RawSpinLock, RawTimer, RawWorkItem, Ticks, WorkRoutine,
 };
 
 // ---------------------------------------------------------------------------
@@ -898,6 +898,8 @@ struct Shared {
     next_processor: AtomicU32,
     stopping: AtomicBool,
     threads: Mutex<Vec<JoinHandle<()>>>,
+    /// Test switch: [`Platform::fill_random`] fails.
+    random_unavailable: AtomicBool,
 }
 
 /// The host platform (cheap to clone; all clones share one instance).
@@ -944,6 +946,7 @@ impl HostPlatform {
             next_processor: AtomicU32::new(0),
             stopping: AtomicBool::new(false),
             threads: Mutex::new(Vec::new()),
+            random_unavailable: AtomicBool::new(false),
             verifier,
             config: HostConfig {
                 processors,
@@ -975,6 +978,14 @@ impl HostPlatform {
     /// The configuration in force.
     pub fn config(&self) -> &HostConfig {
         &self.shared.config
+    }
+
+    /// Makes [`Platform::fill_random`] fail from now on (or work again), so
+    /// tests can check that a caller refuses to go on without entropy.
+    pub fn set_random_unavailable(&self, unavailable: bool) {
+        self.shared
+            .random_unavailable
+            .store(unavailable, Ordering::Relaxed);
     }
 
     /// Runs `f` on the current thread at `PASSIVE_LEVEL` with a token,
@@ -1655,5 +1666,27 @@ unsafe impl Platform for HostPlatform {
             // its layout, which came from `System.alloc`.
             unsafe { System.dealloc(ptr.as_ptr(), layout) };
         }
+    }
+
+    fn fill_random(&self, buf: &mut [u8], _irql: &Passive<'_>) -> Result<(), RandomUnavailable> {
+        if self.shared.random_unavailable.load(Ordering::Relaxed) {
+            return Err(RandomUnavailable);
+        }
+        // getrandom(2) from the kernel's CSPRNG; it may return fewer bytes
+        // than asked or be interrupted, so loop until the buffer is full.
+        let mut filled = 0;
+        while let Some(rest) = buf.get_mut(filled..).filter(|r| !r.is_empty()) {
+            // SAFETY: `rest` is a live, writable slice of `rest.len()` bytes.
+            let n = unsafe { libc::getrandom(rest.as_mut_ptr().cast(), rest.len(), 0) };
+            match usize::try_from(n) {
+                Ok(0) => return Err(RandomUnavailable),
+                Ok(n) => filled += n,
+                Err(_)
+                    if std::io::Error::last_os_error().kind()
+                        == std::io::ErrorKind::Interrupted => {}
+                Err(_) => return Err(RandomUnavailable),
+            }
+        }
+        Ok(())
     }
 }

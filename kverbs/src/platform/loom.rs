@@ -21,8 +21,8 @@ use loom::sync::{Condvar, Mutex};
 
 use crate::irql::{Dispatch, Irql, LeDispatch, Passive};
 use crate::platform::{
-    AllocError, DpcRoutine, DpcTarget, EventKind, Platform, RawDpc, RawEvent, RawMutex,
-    RawSpinLock, RawTimer, RawWorkItem, Ticks, WorkRoutine,
+    AllocError, DpcRoutine, DpcTarget, EventKind, Platform, RandomUnavailable, RawDpc, RawEvent,
+    RawMutex, RawSpinLock, RawTimer, RawWorkItem, Ticks, WorkRoutine,
 };
 
 struct Inner {
@@ -398,5 +398,11 @@ unsafe impl Platform for LoomPlatform {
         // SAFETY: the caller passes a pointer from `alloc_nonpaged` with its
         // layout.
         unsafe { System.dealloc(ptr.as_ptr(), layout) };
+    }
+
+    /// The model has no entropy source, so it reports none rather than
+    /// handing out bytes a caller would take for random.
+    fn fill_random(&self, _buf: &mut [u8], _irql: &Passive<'_>) -> Result<(), RandomUnavailable> {
+        Err(RandomUnavailable)
     }
 }

@@ -19,6 +19,7 @@
 //! | [`RawMutex`] | `FAST_MUTEX`: `ExAcquireFastMutex` / `ExReleaseFastMutex` |
 //! | [`Platform::delay`] | `KeDelayExecutionThread` |
 //! | [`Platform::stall`] | `KeStallExecutionProcessor` |
+//! | [`Platform::fill_random`] | `BCryptGenRandom(BCRYPT_USE_SYSTEM_PREFERRED_RNG)` (cng.sys) |
 //!
 //! # Why a value with associated types
 //!
@@ -91,6 +92,19 @@ pub struct AllocError;
 impl fmt::Display for AllocError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("non-paged pool allocation failed")
+    }
+}
+
+/// The platform's cryptographic random source could not fill a buffer.
+///
+/// Callers that need unpredictable bytes (a CHAP challenge) fail rather than
+/// fall back to something guessable.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RandomUnavailable;
+
+impl fmt::Display for RandomUnavailable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("the system random number generator failed")
     }
 }
 
@@ -260,6 +274,23 @@ pub unsafe trait Platform: Clone + Send + Sync + 'static {
     ///
     /// <= `DISPATCH_LEVEL`.
     unsafe fn free_nonpaged(&self, ptr: NonNull<u8>, layout: Layout);
+
+    /// Fills `buf` from the system's cryptographically secure random number
+    /// generator (`BCryptGenRandom` with `BCRYPT_USE_SYSTEM_PREFERRED_RNG`).
+    ///
+    /// For values a peer must not predict, such as an iSCSI mutual-CHAP
+    /// challenge. There is no weaker fallback: on error the caller must not
+    /// use `buf`.
+    ///
+    /// # Errors
+    ///
+    /// [`RandomUnavailable`] when the generator fails.
+    ///
+    /// # IRQL
+    ///
+    /// `PASSIVE_LEVEL` (the system-preferred generator is supported only
+    /// there).
+    fn fill_random(&self, buf: &mut [u8], irql: &Passive<'_>) -> Result<(), RandomUnavailable>;
 }
 
 /// A spin lock (`KSPIN_LOCK`). Use it through [`crate::sync::SpinLock`],

@@ -14,6 +14,7 @@
 //! | `current_irql` | `KeGetCurrentIrql` as `wdm.h` defines it on x64 (`cr8`) |
 //! | `raise_to_dispatch`, `lower_irql` | `KfRaiseIrql`, `KeLowerIrql` (the exported forms) |
 //! | `stall`, `delay` | `KeStallExecutionProcessor`, `KeDelayExecutionThread` |
+//! | `fill_random` | `BCryptGenRandom(NULL, .., BCRYPT_USE_SYSTEM_PREFERRED_RNG)` (cng.sys) |
 //!
 //! # The device object behind work items
 //! `IoQueueWorkItem` requires a *device* object ("If the caller will later
@@ -89,25 +90,25 @@ use core::time::Duration;
 
 use nt_sys::{
     _EVENT_TYPE, _KWAIT_REASON, _MODE, _TIMER_TYPE, _WORK_QUEUE_TYPE, ALL_PROCESSOR_GROUPS,
-    DEVICE_OBJECT, DISPATCH_LEVEL, ExAcquireFastMutexUnsafe, ExInitializeFastMutex,
-    ExReleaseFastMutexUnsafe, FAST_MUTEX, IO_NO_INCREMENT, IoAllocateWorkItem, IoFreeWorkItem,
-    IoQueueWorkItem, KDPC, KEVENT, KLOCK_QUEUE_HANDLE, KSPIN_LOCK, KTIMER,
-    KeAcquireInStackQueuedSpinLock, KeAcquireInStackQueuedSpinLockAtDpcLevel,
-    KeAcquireSpinLockAtDpcLevel, KeAcquireSpinLockRaiseToDpc, KeCancelTimer, KeClearEvent,
-    KeDelayExecutionThread, KeEnterCriticalRegion, KeFlushQueuedDpcs, KeGetCurrentIrql,
-    KeGetProcessorNumberFromIndex, KeInitializeDpc, KeInitializeEvent, KeInitializeTimerEx,
-    KeInsertQueueDpc, KeLeaveCriticalRegion, KeLowerIrql, KeQueryActiveProcessorCountEx,
-    KeQueryPerformanceCounter, KeReleaseInStackQueuedSpinLock,
-    KeReleaseInStackQueuedSpinLockFromDpcLevel, KeReleaseSpinLock, KeReleaseSpinLockFromDpcLevel,
-    KeRemoveQueueDpc, KeSetEvent, KeSetTargetProcessorDpcEx, KeSetTimer, KeStallExecutionProcessor,
-    KeWaitForSingleObject, KfRaiseIrql, LARGE_INTEGER, PIO_WORKITEM, PROCESSOR_NUMBER, PVOID,
-    STATUS_SUCCESS, spin_lock_initializer,
+    BCRYPT_USE_SYSTEM_PREFERRED_RNG, BCryptGenRandom, DEVICE_OBJECT, DISPATCH_LEVEL,
+    ExAcquireFastMutexUnsafe, ExInitializeFastMutex, ExReleaseFastMutexUnsafe, FAST_MUTEX,
+    IO_NO_INCREMENT, IoAllocateWorkItem, IoFreeWorkItem, IoQueueWorkItem, KDPC, KEVENT,
+    KLOCK_QUEUE_HANDLE, KSPIN_LOCK, KTIMER, KeAcquireInStackQueuedSpinLock,
+    KeAcquireInStackQueuedSpinLockAtDpcLevel, KeAcquireSpinLockAtDpcLevel,
+    KeAcquireSpinLockRaiseToDpc, KeCancelTimer, KeClearEvent, KeDelayExecutionThread,
+    KeEnterCriticalRegion, KeFlushQueuedDpcs, KeGetCurrentIrql, KeGetProcessorNumberFromIndex,
+    KeInitializeDpc, KeInitializeEvent, KeInitializeTimerEx, KeInsertQueueDpc,
+    KeLeaveCriticalRegion, KeLowerIrql, KeQueryActiveProcessorCountEx, KeQueryPerformanceCounter,
+    KeReleaseInStackQueuedSpinLock, KeReleaseInStackQueuedSpinLockFromDpcLevel, KeReleaseSpinLock,
+    KeReleaseSpinLockFromDpcLevel, KeRemoveQueueDpc, KeSetEvent, KeSetTargetProcessorDpcEx,
+    KeSetTimer, KeStallExecutionProcessor, KeWaitForSingleObject, KfRaiseIrql, LARGE_INTEGER,
+    PIO_WORKITEM, PROCESSOR_NUMBER, PVOID, STATUS_SUCCESS, spin_lock_initializer,
 };
 
 use crate::irql::{Dispatch, Irql, LeDispatch, Passive};
 use crate::platform::{
-    AllocError, DpcRoutine, DpcTarget, EventKind, Platform, RawDpc, RawEvent, RawMutex,
-    RawSpinLock, RawTimer, RawWorkItem, Ticks, WorkRoutine,
+    AllocError, DpcRoutine, DpcTarget, EventKind, Platform, RandomUnavailable, RawDpc, RawEvent,
+    RawMutex, RawSpinLock, RawTimer, RawWorkItem, Ticks, WorkRoutine,
 };
 
 // ---------------------------------------------------------------------------
@@ -658,6 +659,30 @@ unsafe impl Platform for NtPlatform {
     unsafe fn free_nonpaged(&self, ptr: NonNull<u8>, layout: Layout) {
         // SAFETY: from `alloc_nonpaged` with this layout (caller contract).
         unsafe { pool::dealloc_aligned(&pool::KernelPool, ptr.as_ptr(), layout) };
+    }
+
+    fn fill_random(&self, buf: &mut [u8], _irql: &Passive<'_>) -> Result<(), RandomUnavailable> {
+        // `cbBuffer` is a ULONG: ask in pieces no longer than that.
+        for piece in buf.chunks_mut(u32::MAX as usize) {
+            // CAST: `chunks_mut` bounds the piece to u32::MAX bytes.
+            let len = piece.len() as u32;
+            // SAFETY: the token proves PASSIVE_LEVEL, where the
+            // system-preferred generator may be used with a NULL handle;
+            // `piece` is a live, writable buffer of `len` bytes (a kernel
+            // stack or pool buffer, resident while the thread runs).
+            let status = unsafe {
+                BCryptGenRandom(
+                    null_mut(),
+                    piece.as_mut_ptr(),
+                    len,
+                    BCRYPT_USE_SYSTEM_PREFERRED_RNG,
+                )
+            };
+            if status != STATUS_SUCCESS {
+                return Err(RandomUnavailable);
+            }
+        }
+        Ok(())
     }
 }
 

@@ -145,7 +145,9 @@ pub struct IserStats {
     /// Why the engine last ended a connection (see [`Why`] codes: `1`
     /// work completion error, `2` QP event, `3` peer disconnect, `4`
     /// protocol, `5` bogus remote invalidation, `6` session failure, `7`
-    /// post failure, `8` reset, `9` stop, `10` logged out).
+    /// post failure, `8` reset, `9` stop, `10` logged out), or why an
+    /// attempt could not start (`13`: no random bytes for the mutual-CHAP
+    /// challenge).
     pub last_failure: u32,
     /// The session failure behind the last `6`/`4` above, for diagnosis.
     pub last_session_failure: Option<SessionFailure>,
@@ -228,6 +230,9 @@ enum Why {
     LoggedOut,
     Login(Disposition),
     Unreachable,
+    /// Mutual CHAP is configured and the platform's random generator
+    /// failed: no login is attempted with a guessable challenge.
+    NoEntropy,
 }
 
 impl Why {
@@ -245,6 +250,7 @@ impl Why {
             Why::LoggedOut => 10,
             Why::Login(_) => 11,
             Why::Unreachable => 12,
+            Why::NoEntropy => 13,
         }
     }
 }
@@ -627,7 +633,10 @@ struct TState<P: Platform> {
     tx_scratch: Box<[u8]>,
     early: heapless::Vec<(u16, u32, Option<u32>), EARLY_MAX>,
     window_opened: bool,
-    challenge_seed: u64,
+    /// The mutual-CHAP challenge of the current attempt: drawn from the
+    /// platform's CSPRNG at PASSIVE_LEVEL when the attempt connects, used
+    /// by its login, and never reused.
+    mutual_challenge: Option<[u8; 16]>,
     /// The portal a login redirect named: the next connection attempt
     /// goes there (once; a failure there falls back to the configured
     /// portal, as `iscsid` does).
@@ -1056,6 +1065,28 @@ impl<P: Platform> Engine<P> {
                 return false;
             }
         }
+        // A fresh, unpredictable challenge per attempt (RFC 7143 §12.1.3:
+        // a challenge an attacker can foresee lets it replay a recorded
+        // response); BCryptGenRandom's system generator wants PASSIVE_LEVEL,
+        // which is why it is drawn here and not in the login.
+        let mut challenge = None;
+        if t.desc.auth.mutual.is_some() {
+            let mut c = [0u8; 16];
+            if self.device.platform().fill_random(&mut c, irql).is_err() {
+                t.counters
+                    .last_failure
+                    .store(Why::NoEntropy.code(), Ordering::Relaxed);
+                return false;
+            }
+            challenge = Some(c);
+        }
+        {
+            let mut st = t.st.lock(irql);
+            if st.epoch != epoch {
+                return false;
+            }
+            st.mutual_challenge = challenge;
+        }
         let Ok(conn) = self.build_conn(t, epoch, irql) else {
             return false;
         };
@@ -1324,24 +1355,13 @@ impl<P: Platform> Engine<P> {
         conn: &Arc<Conn<P>>,
         irql: &impl LeDispatch,
     ) -> bool {
-        let mutual_challenge = t.desc.auth.mutual.as_ref().map(|_| {
-            let mut c = [0u8; 16];
-            for chunk in c.chunks_mut(8) {
-                st.challenge_seed = st
-                    .challenge_seed
-                    .wrapping_add(0x9E37_79B9_7F4A_7C15)
-                    .wrapping_add(now_ms::<P>().0);
-                let mut z = st.challenge_seed;
-                z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-                z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-                z ^= z >> 31;
-                let bytes = z.to_be_bytes();
-                if let Some(src) = bytes.get(..chunk.len()) {
-                    chunk.copy_from_slice(src);
-                }
-            }
-            (u8::try_from(st.epoch & 0xFF).unwrap_or(1), c)
-        });
+        // Taken, so that no second login of this attempt reuses it.
+        let mutual_challenge = match (&t.desc.auth.mutual, st.mutual_challenge.take()) {
+            (Some(_), Some(c)) => Some((u8::try_from(st.epoch & 0xFF).unwrap_or(1), c)),
+            // `connect` draws one whenever mutual CHAP is configured.
+            (Some(_), None) => return false,
+            (None, _) => None,
+        };
         let start = LoginStart {
             tsih: 0,
             cid: 0,
@@ -2782,7 +2802,7 @@ impl<P: Platform> IserTransport<P> {
                 tx_scratch: alloc::vec![0u8; tx_len].into_boxed_slice(),
                 early: heapless::Vec::new(),
                 window_opened: false,
-                challenge_seed: 0x1234_5678 ^ u64::from(index),
+                mutual_challenge: None,
             };
             built.push(Target {
                 index,

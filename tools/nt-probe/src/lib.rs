@@ -304,6 +304,22 @@ fn probe(platform: &NtPlatform, p: &Passive<'_>) {
     );
     platform.flush_dpcs(p);
     note("10-flush-dpcs", format_args!("returned=1"));
+
+    // The CSPRNG behind mutual-CHAP challenges: two draws, each filled and
+    // different from the other (a 2^-256 chance of a false "same").
+    let mut first = [0u8; 32];
+    let mut second = [0u8; 32];
+    let filled = platform.fill_random(&mut first, p).is_ok()
+        && platform.fill_random(&mut second, p).is_ok();
+    note(
+        "11-random",
+        format_args!(
+            "filled={} nonzero={} differ={}",
+            ok(filled),
+            ok(first.iter().any(|&b| b != 0)),
+            ok(first != second)
+        ),
+    );
 }
 
 /// The probe's entry point.

@@ -260,6 +260,9 @@ pub struct IscsiTarget {
     next_tsih: u16,
     chap_id: u8,
     challenge_seed: u64,
+    /// Every mutual-CHAP challenge initiators sent, in order (tests check
+    /// that no two repeat).
+    mutual_challenges: Vec<Vec<u8>>,
     /// The misbehaviour switches (tests change them between calls).
     pub misbehaviour: Misbehaviour,
     counters: Counters,
@@ -301,9 +304,16 @@ impl IscsiTarget {
             next_tsih: 1,
             chap_id: 1,
             challenge_seed: 0x5DEE_CE66_D1CE_4E5B,
+            mutual_challenges: Vec::new(),
             misbehaviour: Misbehaviour::default(),
             counters: Counters::default(),
         }
+    }
+
+    /// The mutual-CHAP challenges initiators sent, oldest first.
+    #[must_use]
+    pub fn mutual_challenges(&self) -> &[Vec<u8>] {
+        &self.mutual_challenges
     }
 
     /// The counters.
@@ -658,6 +668,7 @@ impl IscsiTarget {
                         self.login_fail(conn, Some(req), status_class::INITIATOR_ERROR, 0x01, out);
                         return;
                     };
+                    self.mutual_challenges.push(their.to_vec());
                     if their == challenge.as_slice() {
                         self.login_fail(conn, Some(req), status_class::INITIATOR_ERROR, 0x01, out);
                         return;

@@ -7,6 +7,8 @@
 //!   with the Microsoft page that documents it ([`NTOSKRNL_EXTRA`]).
 //! * `storport.def`: written by hand from the StorPort DDI pages whose
 //!   requirements say `Storport.lib` (mingw has no storport import library).
+//! * `cng.def`: written by hand; `BCryptGenRandom`, which kernel-mode callers
+//!   link from `Cng.lib` (mingw has no kernel CNG import library).
 //!
 //! The same files make the import libraries the driver links against
 //! (`llvm-dlltool`), so a call to anything outside them fails to link, and
@@ -39,6 +41,7 @@ pub const MODULES: &[(&str, &str)] = &[
     ("ntoskrnl.exe", "ntoskrnl.def"),
     ("HAL.dll", "hal.def"),
     ("storport.sys", "storport.def"),
+    ("cng.sys", "cng.def"),
 ];
 
 /// One `.def` file: module name and exports (`true` = DATA).

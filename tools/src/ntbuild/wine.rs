@@ -324,6 +324,7 @@ pub const EXPECTED_PROBE: &[(&str, &str)] = &[
     ("08-pool", "aligned=1"),
     ("09-processors", "at_least_one=1"),
     ("10-flush-dpcs", "returned=1"),
+    ("11-random", "filled=1 nonzero=1 differ=1"),
 ];
 
 /// Installs `kvprobe.sys` as a kernel service, starts it, and checks what
