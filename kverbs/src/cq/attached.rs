@@ -283,14 +283,14 @@ mod tests {
         let drops = Arc::new(StdCounter::new(0));
         let table: Arc<AttachedTable<Entry, 4>> = Arc::new(AttachedTable::new());
         let a = entry(7, &drops);
-        let key = Arc::as_ptr(&a);
-        assert!(table.insert(a).is_ok());
+        assert!(table.insert(Arc::clone(&a)).is_ok());
         let claim = table.claim().unwrap();
         let found = claim.find(|e| e.key == 7).unwrap();
         let remover = {
             let table = Arc::clone(&table);
-            let key = key as usize;
-            std::thread::spawn(move || table.remove(key as *const Entry).map(|a| a.key))
+            // The remover names the entry by its own reference (dropped when
+            // the thread ends).
+            std::thread::spawn(move || table.remove(Arc::as_ptr(&a)).map(|a| a.key))
         };
         // The remover cannot finish while the claim is held: the entry
         // stays readable.
