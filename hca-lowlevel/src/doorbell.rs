@@ -95,6 +95,10 @@ impl<M: SharedWords> QpDoorbellRecord<M> {
     }
 }
 
+static_assertions::const_assert_eq!(CQ_DBR_SET_CI, 0);
+static_assertions::const_assert_eq!(CQ_DBR_ARM, 4);
+static_assertions::const_assert_eq!(DBR_LEN, 8);
+
 /// Arm command: event on the next CQE of any kind.
 pub const CQ_ARM_NEXT: u32 = 0;
 /// Arm command: event on the next solicited or error CQE.
@@ -196,6 +200,29 @@ impl<M: SharedWords> CqDoorbellRecord<M> {
         let _ = store_be32(self.mem.words(), CQ_DBR_ARM, arm.word(), Ordering::Release);
     }
 
+    /// Publishes the consumer counter and the arm word together, as one
+    /// 64-bit store of the whole record. [`Self::set_ci`] and
+    /// [`Self::set_arm`] each merge 32 bits into the record's word (a
+    /// compare-and-swap loop in this DMA model); a driver that is the
+    /// record's only writer and knows both halves — the CQ's poller, which
+    /// remembers its last arm word — writes both for the price of one
+    /// plain store. The half it rewrites unchanged is no new information to
+    /// the device. `ci` is truncated to 24 bits as in [`Self::set_ci`].
+    ///
+    /// # IRQL
+    /// Any (never blocks).
+    #[inline]
+    pub fn set_ci_and_arm(&self, ci: u32, arm: CqArm) {
+        // The record's layout: the counter at CQ_DBR_SET_CI (0), the arm
+        // word at CQ_DBR_ARM (4), both big-endian (pinned above): the
+        // 64-bit value `ci << 32 | arm`, stored big-endian.
+        let record = (u64::from(ci & 0xff_ffff) << 32) | u64::from(arm.word());
+        // The record was checked to be one word long in `new`.
+        if let Some(word) = self.mem.words().first() {
+            word.store(record.to_be(), Ordering::Release);
+        }
+    }
+
     /// The last recorded arm request.
     pub fn arm(&self) -> CqArm {
         CqArm::from_word(load_be32(self.mem.words(), CQ_DBR_ARM, Ordering::Acquire).unwrap_or(0))
@@ -251,6 +278,14 @@ mod tests {
         assert_eq!(b, [0, 0x23, 0x45, 0x67, 0x21, 0x45, 0x67, 0x89]);
         assert_eq!(r.ci(), 0x23_4567);
         assert_eq!(r.arm(), arm);
+        // Both halves in one store: the same bytes as the two merges.
+        let w2 = [AtomicU64::new(u64::MAX)];
+        let r2 = CqDoorbellRecord::new(&w2[..]).unwrap();
+        r2.set_ci_and_arm(0x0123_4567, arm);
+        let mut b2 = [0u8; 8];
+        crate::dma::read_bytes(&w2, 8, 0, &mut b2).unwrap();
+        assert_eq!(b2, b);
+        assert_eq!((r2.ci(), r2.arm()), (0x23_4567, arm));
         assert_eq!(arm.doorbell_value(0x42), 0x2145_6789_0000_0042);
         assert_eq!(
             CqArm::from_doorbell_value(0x2145_6789_0000_0042),

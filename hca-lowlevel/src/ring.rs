@@ -336,6 +336,21 @@ impl<M: SharedWords> CqRing<M> {
         &self.mem
     }
 
+    /// The same ring over the memory's words, looked up once: a poller
+    /// reading several CQEs (and the owner bit before them) pays for
+    /// [`SharedWords::words`] — a dynamic call for a [`crate::dma::DmaBuffer`]
+    /// — once per batch instead of once per CQE.
+    ///
+    /// # IRQL
+    /// Any (never blocks).
+    #[inline]
+    pub fn view(&self) -> CqRing<&[AtomicU64]> {
+        CqRing {
+            mem: self.mem.words(),
+            entries: self.entries,
+        }
+    }
+
     /// Marks every CQE invalid (opcode [`CqeOpcode::Invalid`], owner 0), as
     /// software must before handing the ring to the device.
     pub fn init_invalid(&self) {
@@ -958,6 +973,13 @@ mod tests {
             ring.write_cqe(counter, &c).unwrap();
             let got = ring.poll(counter).unwrap();
             assert_eq!(got.wqe_counter(), counter as u16);
+            // The borrowed view reads the same ring.
+            let view = ring.view();
+            assert_eq!(view.entries(), 2);
+            assert!(view.is_ready(counter));
+            assert!(!view.is_ready(counter + 1));
+            assert_eq!(view.poll(counter).unwrap().wqe_counter(), counter as u16);
+            assert!(view.poll(counter + 1).is_none());
             assert_eq!(got.owner(), counter & 2 != 0);
             // The next counter's slot is the other one, still stale.
             assert!(ring.poll(counter + 1).is_none());

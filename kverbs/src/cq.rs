@@ -36,6 +36,8 @@
 //! while QPs are attached; after [`CqHandler::on_destroyed`] no callback of
 //! the CQ runs again (run-down).
 
+mod attached;
+
 use alloc::sync::{Arc, Weak};
 use core::fmt;
 
@@ -59,6 +61,7 @@ use crate::slowpath::{Callback, Job, ResultSlot, take_result};
 use crate::sync::SpinLock;
 use crate::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use crate::wr::Completion;
+use attached::{AttachedTable, ReadClaim};
 
 /// Most QPs that may complete on one CQ (the lookup from a CQE's QP number
 /// to its QP scans this many entries at most; channels usually attach one
@@ -145,11 +148,8 @@ pub(crate) enum CqItem<P: Platform, C: Send + 'static> {
     Marker(Arc<QpShared<P, C>>, QueueKind),
 }
 
-struct Attached<P: Platform, C: Send + 'static> {
-    qps: heapless::Vec<Arc<QpShared<P, C>>, MAX_QPS_PER_CQ>,
-    /// CQEs the attached queues can have outstanding.
-    depth: u32,
-}
+/// The attached QPs, read by every poll without a lock.
+type QpTable<P, C> = AttachedTable<QpShared<P, C>, MAX_QPS_PER_CQ>;
 
 /// Counters of things that should not happen.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -171,12 +171,18 @@ pub(crate) struct CqCore<P: Platform, C: Send + 'static> {
     ring: CqRing<DmaBuffer>,
     dbr: CqDoorbellRecord<DmaBuffer>,
     arm_doorbell: Arc<dyn DoorbellRegister>,
-    /// Consumer counter; written only by the poller holding `polling`.
+    /// Consumer counter; written only by the holder of the claim on `qps`.
     ci: AtomicU32,
     /// Completion events received: the next arm's sequence number.
     events: AtomicU32,
-    polling: AtomicBool,
-    attached: SpinLock<Attached<P, C>, P>,
+    /// The arm word last written to the doorbell record; written only by
+    /// the claim holder, so a poll can rewrite the whole record with it.
+    arm_word: AtomicU32,
+    /// The attached QPs; its read claim is also the poll/arm claim.
+    qps: QpTable<P, C>,
+    /// CQEs the attached queues can have outstanding; held across an
+    /// attach's check and insert, so attaches never overcommit the ring.
+    attached_depth: SpinLock<u32, P>,
     polled: AtomicU64,
     stray: AtomicU64,
     malformed: AtomicU64,
@@ -184,13 +190,18 @@ pub(crate) struct CqCore<P: Platform, C: Send + 'static> {
 
 impl<P: Platform, C: Send + 'static> CqCore<P, C> {
     /// Claims the poll/arm side (the drain loop serialises them; this
-    /// makes it true even if a caller misuses the API).
-    fn claim(&self) -> Option<PollClaim<'_>> {
-        (!self.polling.swap(true, Ordering::Acquire)).then_some(PollClaim(&self.polling))
+    /// makes it true even if a caller misuses the API). The claim is also
+    /// what lets a poll read the attached QPs without a lock.
+    fn claim(&self) -> Option<ReadClaim<'_, QpShared<P, C>, MAX_QPS_PER_CQ>> {
+        self.qps.claim()
     }
 
-    fn resolve(&self, cqe: &CqeRepr, attached: &Attached<P, C>) -> Option<CqItem<P, C>> {
-        let qp = attached.qps.iter().find(|q| q.qpn == cqe.qpn)?;
+    fn resolve(
+        &self,
+        cqe: &CqeRepr,
+        qps: &ReadClaim<'_, QpShared<P, C>, MAX_QPS_PER_CQ>,
+    ) -> Option<CqItem<P, C>> {
+        let qp = qps.find(|q| q.qpn == cqe.qpn)?;
         let send = matches!(cqe.opcode, CqeOpcode::Req | CqeOpcode::ReqErr);
         if send {
             qp.complete_send(cqe)
@@ -200,30 +211,23 @@ impl<P: Platform, C: Send + 'static> CqCore<P, C> {
     }
 }
 
-struct PollClaim<'a>(&'a AtomicBool);
-
-impl Drop for PollClaim<'_> {
-    fn drop(&mut self) {
-        self.0.store(false, Ordering::Release);
-    }
-}
-
 impl<P: Platform, C: Send + 'static> CompletionSource for CqCore<P, C> {
     type Completion = CqItem<P, C>;
 
-    fn poll<const N: usize>(&self, out: &mut heapless::Vec<CqItem<P, C>, N>, irql: &Dispatch<'_>) {
-        let Some(_claim) = self.claim() else { return };
+    fn poll<const N: usize>(&self, out: &mut heapless::Vec<CqItem<P, C>, N>, _irql: &Dispatch<'_>) {
+        let Some(claim) = self.claim() else { return };
         let start = self.ci.load(Ordering::Relaxed);
+        // The ring's words looked up once for the whole batch.
+        let ring = self.ring.view();
         // Nothing there (the poll after a short batch, after an arm): one
-        // owner-bit load, no lock.
-        if !self.ring.is_ready(start) {
+        // owner-bit load.
+        if !ring.is_ready(start) {
             return;
         }
         let mut ci = start;
         {
-            let attached = self.attached.lock_at_dpc_level(irql);
             while !out.is_full() {
-                let Some(raw) = self.ring.poll(ci) else { break };
+                let Some(raw) = ring.poll(ci) else { break };
                 ci = ci.wrapping_add(1);
                 let cqe = match CqeRepr::parse(&raw) {
                     Ok(c) => c,
@@ -235,7 +239,7 @@ impl<P: Platform, C: Send + 'static> CompletionSource for CqCore<P, C> {
                 if cqe.opcode == CqeOpcode::ResizeCq {
                     continue;
                 }
-                match self.resolve(&cqe, &attached) {
+                match self.resolve(&cqe, &claim) {
                     Some(item) => {
                         if let Err(item) = out.push(item) {
                             // Unreachable: checked `is_full` above.
@@ -253,7 +257,9 @@ impl<P: Platform, C: Send + 'static> CompletionSource for CqCore<P, C> {
                 .fetch_add(u64::from(ci.wrapping_sub(start)), Ordering::Relaxed);
             self.ci.store(ci, Ordering::Relaxed);
             // One consumer-index update per batch: the CQEs are free again.
-            self.dbr.set_ci(ci);
+            // The whole record in one store (the arm half unchanged).
+            let arm = CqArm::from_word(self.arm_word.load(Ordering::Relaxed));
+            self.dbr.set_ci_and_arm(ci, arm);
         }
     }
 
@@ -267,7 +273,9 @@ impl<P: Platform, C: Send + 'static> CompletionSource for CqCore<P, C> {
             solicited_only: false,
             ci,
         };
-        self.dbr.set_arm(arm);
+        self.arm_word.store(arm.word(), Ordering::Relaxed);
+        // The whole record in one store (the counter half unchanged).
+        self.dbr.set_ci_and_arm(ci, arm);
         barrier::mmio_wc_start();
         self.arm_doorbell.write64(arm.doorbell_value(self.cqn));
         barrier::mmio_flush_writes();
@@ -439,11 +447,9 @@ impl<P: Platform, C: Send + 'static> Cq<P, C> {
                 arm_doorbell: res.arm_doorbell,
                 ci: AtomicU32::new(0),
                 events: AtomicU32::new(0),
-                polling: AtomicBool::new(false),
-                attached: SpinLock::new(Attached {
-                    qps: heapless::Vec::new(),
-                    depth: 0,
-                }),
+                arm_word: AtomicU32::new(0),
+                qps: AttachedTable::new(),
+                attached_depth: SpinLock::new(0),
                 polled: AtomicU64::new(0),
                 stray: AtomicU64::new(0),
                 malformed: AtomicU64::new(0),
@@ -560,15 +566,7 @@ impl<P: Platform, C: Send + 'static> Cq<P, C> {
     ///
     /// `PASSIVE_LEVEL` only.
     pub fn destroy(&self, irql: &Passive<'_>) -> Result<(), VerbsError> {
-        if !self
-            .shared
-            .drainer
-            .source()
-            .attached
-            .lock(irql)
-            .qps
-            .is_empty()
-        {
+        if !self.shared.drainer.source().qps.is_empty() {
             return Err(VerbsError::InUse);
         }
         if self.shared.destroyed.swap(true, Ordering::AcqRel) {
@@ -608,29 +606,29 @@ impl<P: Platform, C: Send + 'static> Cq<P, C> {
         depth: u32,
         irql: &Passive<'_>,
     ) -> Result<(), VerbsError> {
-        let mut attached = self.shared.drainer.source().attached.lock(irql);
-        let total = attached.depth.saturating_add(depth);
+        let core = self.shared.drainer.source();
+        let mut attached_depth = core.attached_depth.lock(irql);
+        let total = attached_depth.saturating_add(depth);
         if total > self.shared.entries {
             return Err(VerbsError::CqTooSmall);
         }
-        if attached.qps.push(Arc::clone(qp)).is_err() {
+        if core.qps.insert(Arc::clone(qp)).is_err() {
             return Err(VerbsError::TableFull);
         }
-        attached.depth = total;
+        *attached_depth = total;
         Ok(())
     }
 
-    /// Detaches a QP; the `Arc` it held is dropped outside the lock.
-    pub(crate) fn detach(&self, qpn: u32, depth: u32, irql: &impl LeDispatch) {
-        let removed = {
-            let mut attached = self.shared.drainer.source().attached.lock(irql);
-            let at = attached.qps.iter().position(|q| q.qpn == qpn);
-            let removed = at.map(|i| attached.qps.swap_remove(i));
-            if removed.is_some() {
-                attached.depth = attached.depth.saturating_sub(depth);
-            }
-            removed
-        };
+    /// Detaches a QP (`qp` is compared by address). Waits out a poll that
+    /// may be resolving one of its CQEs (bounded: one poll); the `Arc` the
+    /// CQ held is dropped after that, outside any lock.
+    pub(crate) fn detach(&self, qp: &QpShared<P, C>, depth: u32, irql: &impl LeDispatch) {
+        let core = self.shared.drainer.source();
+        let removed = core.qps.remove(qp);
+        if removed.is_some() {
+            let mut attached_depth = core.attached_depth.lock(irql);
+            *attached_depth = attached_depth.saturating_sub(depth);
+        }
         drop(removed);
     }
 }

@@ -537,13 +537,14 @@ impl<P: Platform, C: Send + 'static> QpShared<P, C> {
     fn destroy_now(&self, irql: &Passive<'_>) {
         let _ = self.device.hca.destroy_qp(self.qpn);
         self.device.unregister_target(TargetId::Qp(self.qpn), irql);
-        self.send_cq
-            .detach(self.qpn, self.depth(QueueKind::Send), irql);
-        if !Arc::ptr_eq(&self.send_cq.shared, &self.recv_cq.shared) {
-            self.recv_cq
-                .detach(self.qpn, self.depth(QueueKind::Recv), irql);
-        } else {
+        let (sq_depth, rq_depth) = (self.depth(QueueKind::Send), self.depth(QueueKind::Recv));
+        if Arc::ptr_eq(&self.send_cq.shared, &self.recv_cq.shared) {
             // Attached once with both depths.
+            self.send_cq
+                .detach(self, sq_depth.saturating_add(rq_depth), irql);
+        } else {
+            self.send_cq.detach(self, sq_depth, irql);
+            self.recv_cq.detach(self, rq_depth, irql);
         }
     }
 
@@ -738,7 +739,7 @@ impl<P: Platform, C: Send + 'static> Qp<P, C> {
                 .attach(&shared, sq_depth, irql)
                 .map_err(undo)?;
             if let Err(e) = config.recv_cq.attach(&shared, rq_depth, irql) {
-                config.send_cq.detach(qpn, sq_depth, irql);
+                config.send_cq.detach(&shared, sq_depth, irql);
                 return Err(undo(e));
             }
         }
