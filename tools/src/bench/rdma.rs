@@ -57,6 +57,24 @@ pub fn in_process_hca(ip: [u8; 4]) -> HcaConfig {
 /// `KVBENCH_INLINE_DOORBELLS` (`0` or `1`) says otherwise.
 pub const IN_PROCESS_INLINE_DOORBELLS: bool = true;
 
+/// An on/off switch from the environment for A/B runs of one binary:
+/// `0` or `1` in `var`, else `default` (any other value is reported on
+/// stderr, not silently ignored).
+pub(crate) fn env_switch(var: &str, default: bool) -> bool {
+    match std::env::var(var) {
+        Ok(v) if v == "0" => false,
+        Ok(v) if v == "1" => true,
+        Ok(other) => {
+            eprintln!(
+                "kvbench: {var}={other:?} is neither 0 nor 1; keeping the default ({})",
+                u8::from(default)
+            );
+            default
+        }
+        Err(_) => default,
+    }
+}
+
 /// The in-process fabric kvbench runs on, and the yardstick it is measured
 /// against (`verbs_pingpong`) too: a device thread on real time, seed 1,
 /// doorbells as [`IN_PROCESS_INLINE_DOORBELLS`] or the environment's
@@ -64,19 +82,7 @@ pub const IN_PROCESS_INLINE_DOORBELLS: bool = true;
 /// stderr and the default kept), so one binary can compare both modes.
 #[must_use]
 pub fn in_process_fabric() -> FabricConfig {
-    let inline_doorbells = match std::env::var("KVBENCH_INLINE_DOORBELLS") {
-        Ok(v) if v == "0" => false,
-        Ok(v) if v == "1" => true,
-        Ok(other) => {
-            eprintln!(
-                "kvbench: KVBENCH_INLINE_DOORBELLS={other:?} is neither 0 nor 1; \
-                 keeping the default ({})",
-                u8::from(IN_PROCESS_INLINE_DOORBELLS)
-            );
-            IN_PROCESS_INLINE_DOORBELLS
-        }
-        Err(_) => IN_PROCESS_INLINE_DOORBELLS,
-    };
+    let inline_doorbells = env_switch("KVBENCH_INLINE_DOORBELLS", IN_PROCESS_INLINE_DOORBELLS);
     FabricConfig {
         inline_doorbells,
         ..FabricConfig::threaded(1)

@@ -200,18 +200,8 @@ fn build(
 /// `KVBENCH_TARGET_DPC` (`0` or `1`) says otherwise, so one binary can
 /// compare both.
 fn target_serves_in_dpc() -> bool {
-    let default = SrpTargetConfig::default().serve_in_dpc;
-    match std::env::var("KVBENCH_TARGET_DPC") {
-        Ok(v) if v == "0" => false,
-        Ok(v) if v == "1" => true,
-        Ok(other) => {
-            eprintln!(
-                "kvbench: KVBENCH_TARGET_DPC={other:?} is neither 0 nor 1; \
-                 keeping the default ({})",
-                u8::from(default)
-            );
-            default
-        }
-        Err(_) => default,
-    }
+    super::rdma::env_switch(
+        "KVBENCH_TARGET_DPC",
+        SrpTargetConfig::default().serve_in_dpc,
+    )
 }

@@ -114,17 +114,7 @@ impl BlockStore {
         self.check(offset, len);
         for (index, within, piece) in self.pieces(offset, len) {
             let guard = read_lock(&self.chunks[index]);
-            match guard.as_deref() {
-                Some(data) => sink(&data[within..within + piece]),
-                None => {
-                    let mut left = piece;
-                    while left > 0 {
-                        let step = left.min(ZEROS.len());
-                        sink(&ZEROS[..step]);
-                        left -= step;
-                    }
-                }
-            }
+            emit_piece(guard.as_deref(), within, piece, sink);
         }
     }
 
@@ -145,17 +135,7 @@ impl BlockStore {
                 Err(TryLockError::Poisoned(e)) => e.into_inner(),
                 Err(TryLockError::WouldBlock) => return false,
             };
-            match guard.as_deref() {
-                Some(data) => sink(&data[within..within + piece]),
-                None => {
-                    let mut left = piece;
-                    while left > 0 {
-                        let step = left.min(ZEROS.len());
-                        sink(&ZEROS[..step]);
-                        left -= step;
-                    }
-                }
-            }
+            emit_piece(guard.as_deref(), within, piece, sink);
         }
         true
     }
@@ -276,6 +256,22 @@ fn read_lock(lock: &RwLock<Chunk>) -> RwLockReadGuard<'_, Chunk> {
 
 fn write_lock(lock: &RwLock<Chunk>) -> RwLockWriteGuard<'_, Chunk> {
     lock.write().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Hands `piece` bytes of a chunk from `within` to `sink`: the chunk's
+/// bytes, or zeros for a chunk never written.
+fn emit_piece(chunk: Option<&[u8]>, within: usize, piece: usize, sink: &mut dyn FnMut(&[u8])) {
+    match chunk {
+        Some(data) => sink(&data[within..within + piece]),
+        None => {
+            let mut left = piece;
+            while left > 0 {
+                let step = left.min(ZEROS.len());
+                sink(&ZEROS[..step]);
+                left -= step;
+            }
+        }
+    }
 }
 
 #[cfg(test)]

@@ -163,8 +163,27 @@ pub(crate) struct Piece {
 /// skipped; a descriptor whose address range wraps is cut where it wraps
 /// (the initiator's HCA refuses it).
 pub(crate) fn pieces(descs: &[DirectDesc], bytes: u32, max: u32) -> Vec<Piece> {
-    let max = max.max(1);
     let mut out = Vec::new();
+    for_each_piece(descs, bytes, max, |remote_addr, rkey, local_off, len| {
+        out.push(Piece {
+            remote_addr,
+            rkey,
+            local_off,
+            len,
+        });
+    });
+    out
+}
+
+/// [`pieces`] without the vector, for the DPC lane (which must not
+/// allocate): `f(remote_addr, rkey, local_off, len)` for each piece.
+pub(crate) fn for_each_piece(
+    descs: &[DirectDesc],
+    bytes: u32,
+    max: u32,
+    mut f: impl FnMut(u64, u32, u32, u32),
+) {
+    let max = max.max(1);
     let mut left = bytes;
     let mut local: u32 = 0;
     for d in descs {
@@ -175,19 +194,13 @@ pub(crate) fn pieces(descs: &[DirectDesc], bytes: u32, max: u32) -> Vec<Piece> {
         let mut addr = d.va;
         while take > 0 {
             let len = take.min(max);
-            out.push(Piece {
-                remote_addr: addr,
-                rkey: d.rkey,
-                local_off: local,
-                len,
-            });
+            f(addr, d.rkey, local, len);
             addr = addr.wrapping_add(u64::from(len));
             local += len;
             take -= len;
             left -= len;
         }
     }
-    out
 }
 
 #[cfg(test)]
