@@ -59,6 +59,7 @@ use super::lane::LanePlan;
 use super::misbehave::{Fate, HostileAttempt, HostileOutcome, HostileReport};
 use super::shared::{
     ChannelShared, ChannelState, CmdRef, DisconnectWhy, Note, Request, SendWhat, Terminal, WrCtx,
+    write_response,
 };
 use super::staging::{Piece, Staging, StagingError, StagingPool, pieces};
 use crate::scsi_target::Request as ScsiRequest;
@@ -1606,18 +1607,7 @@ impl Channel {
         };
         // Sense was cut to fit the response buffer, which is at most
         // MAX_MAX_RSP_SIZE bytes.
-        let mut buf = [0u8; super::config::MAX_MAX_RSP_SIZE as usize];
-        let len = repr.buffer_len().min(self.rsp_size).min(buf.len());
-        let Some(iu) = buf.get_mut(..len) else {
-            return 0;
-        };
-        let _ = repr.emit(&mut Rsp::new_unchecked(&mut *iu));
-        let _ = self
-            .objects
-            .send_mr
-            .mem()
-            .write(slot as usize * self.rsp_size, iu);
-        len as u32
+        write_response(&self.objects.send_mr, self.rsp_size, slot, &repr)
     }
 
     /// Posts `ops` as one batch (one doorbell); `false` if the QP refused

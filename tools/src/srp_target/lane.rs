@@ -49,14 +49,14 @@ use kverbs::qp::Qp;
 use kverbs::wr::{Completion, Payload, SendFlags, SendWr, Signal, WcStatus, WriteWr};
 use storport_srp::scsi::Status;
 use storport_srp::wire::srp::{
-    self, Cmd, CmdRepr, DataIn, DataOut, DirectDesc, Opcode, Rsp, RspRepr, SolNot,
+    self, Cmd, CmdRepr, DataIn, DataOut, DirectDesc, Opcode, RspRepr, SolNot,
 };
 
 use super::TargetShared;
 use super::channel::Negotiated;
 use super::config::SrpTargetConfig;
 use super::counters::Counters;
-use super::shared::{SendWhat, WrCtx};
+use super::shared::{SendWhat, WrCtx, write_response};
 use super::staging::for_each_piece;
 use crate::scsi_target::Request as ScsiRequest;
 
@@ -541,15 +541,8 @@ impl Lane {
             response_data: None,
             sense,
         };
-        let mut out = [0u8; super::config::MAX_MAX_RSP_SIZE as usize];
-        let rsp_len = repr_rsp.buffer_len().min(io.rsp_size).min(out.len());
-        let rsp = out.get_mut(..rsp_len)?;
-        let _ = repr_rsp.emit(&mut Rsp::new_unchecked(&mut *rsp));
         let send_slot = io.slot_base + u32::from(lane_slot);
-        let _ = io
-            .send_mr
-            .mem()
-            .write(send_slot as usize * io.rsp_size, rsp);
+        let rsp_len = write_response(&io.send_mr, io.rsp_size, send_slot, &repr_rsp);
         Counters::add(&counters.responses_sent, 1);
         // Data-in WRITEs, then the SEND, in one batch.
         let mut posted = 0u32;
@@ -590,7 +583,7 @@ impl Lane {
             }
             let sge = io
                 .send_mr
-                .sge(u64::from(send_slot) * io.rsp_size as u64, rsp_len as u32)?;
+                .sge(u64::from(send_slot) * io.rsp_size as u64, rsp_len)?;
             let sges = [sge];
             let mut wr = SendWr::new(Payload::Sges(&sges));
             wr.flags.solicited = solicited;

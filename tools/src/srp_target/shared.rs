@@ -18,6 +18,9 @@ use kverbs::sync::SpinLock;
 use kverbs::wr::Completion;
 use storport_srp::scsi::SenseRepr;
 use storport_srp::wire::srp::PortId;
+use storport_srp::wire::srp::rsp::{Rsp, RspRepr};
+
+use kverbs::mr::Mr;
 
 use super::lane::{Credits, Lane, LaneOutcome};
 
@@ -281,4 +284,23 @@ impl CmHandler for ChannelShared {
         };
         self.post(note, irql);
     }
+}
+
+/// Emits `repr` into send slot `slot` of `send_mr` (slots of `rsp_size`
+/// bytes); the bytes written (the response cut to the slot, whose sense
+/// the caller already cut to fit), 0 if nothing could be written.
+pub(crate) fn write_response(
+    send_mr: &Mr<HostPlatform>,
+    rsp_size: usize,
+    slot: u32,
+    repr: &RspRepr<'_>,
+) -> u32 {
+    let mut buf = [0u8; super::config::MAX_MAX_RSP_SIZE as usize];
+    let len = repr.buffer_len().min(rsp_size).min(buf.len());
+    let Some(iu) = buf.get_mut(..len) else {
+        return 0;
+    };
+    let _ = repr.emit(&mut Rsp::new_unchecked(&mut *iu));
+    let _ = send_mr.mem().write(slot as usize * rsp_size, iu);
+    len as u32
 }
