@@ -332,9 +332,9 @@ fn many_commands_in_flight_with_little_staging_memory() {
         // could serve each WRITE before the next arrived, and the test's
         // "commands waited" check failed about one run in twenty.
         env.with_target(|t| {
-            t.scsi().faults().push(
-                FaultRule::delay(Duration::from_millis(200)).only(FaultFilter::Writes),
-            );
+            t.scsi()
+                .faults()
+                .push(FaultRule::delay(Duration::from_millis(200)).only(FaultFilter::Writes));
         });
         let mut mrs = Vec::new();
         let mut tags = Vec::new();
