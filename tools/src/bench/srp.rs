@@ -147,6 +147,7 @@ fn build(
             staging_bytes: 64 << 20,
             immediate_data: options.immediate_data,
             serve_in_dpc: target_serves_in_dpc(),
+            zero_copy_reads: target_zero_copy_reads(),
             ..SrpTargetConfig::default()
         };
         let target = SrpTarget::start_on_hca(platform, target_hca, config, p)
@@ -203,5 +204,15 @@ fn target_serves_in_dpc() -> bool {
     super::rdma::env_switch(
         "KVBENCH_TARGET_DPC",
         SrpTargetConfig::default().serve_in_dpc,
+    )
+}
+
+/// Whether the in-process SRP target sends READ data straight from its RAM
+/// disk's registered chunks ([`SrpTargetConfig::zero_copy_reads`], the
+/// default) unless `KVBENCH_TARGET_ZC` (`0` or `1`) says otherwise.
+fn target_zero_copy_reads() -> bool {
+    super::rdma::env_switch(
+        "KVBENCH_TARGET_ZC",
+        SrpTargetConfig::default().zero_copy_reads,
     )
 }
