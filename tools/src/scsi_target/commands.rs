@@ -108,7 +108,7 @@ impl DataIn<'_> {
         if send > 0 {
             self.declined = !self
                 .sink
-                .from_store(lu.store(), offset, send, self.nonblocking);
+                .store_range(lu.store(), offset, send, self.nonblocking);
         }
     }
 }

@@ -84,7 +84,13 @@ pub trait DataInSink {
     /// or the transport cannot take it now); the command is then not
     /// counted and runs again on a thread. The default copies the bytes
     /// into [`Self::bytes`].
-    fn from_store(&mut self, store: &BlockStore, offset: u64, len: u64, nonblocking: bool) -> bool {
+    fn store_range(
+        &mut self,
+        store: &BlockStore,
+        offset: u64,
+        len: u64,
+        nonblocking: bool,
+    ) -> bool {
         let mut sink = |piece: &[u8]| self.bytes(piece);
         if nonblocking {
             store.try_read(offset, len, &mut sink)
@@ -306,7 +312,7 @@ impl ScsiTarget {
     }
 
     /// [`Self::execute`] with a sink that may take data straight from the
-    /// store (see [`DataInSink::from_store`]).
+    /// store (see [`DataInSink::store_range`]).
     pub fn execute_into(&self, request: &Request<'_>, data_in: &mut dyn DataInSink) -> Response {
         commands::execute(self, request, data_in)
     }
@@ -330,7 +336,7 @@ impl ScsiTarget {
     }
 
     /// [`Self::execute_into`] for a sink that may decline
-    /// ([`DataInSink::from_store`] returning `false`): `None` then, with
+    /// ([`DataInSink::store_range`] returning `false`): `None` then, with
     /// nothing counted, and the caller runs the command again another way.
     pub fn execute_declinable(
         &self,
@@ -341,7 +347,7 @@ impl ScsiTarget {
     }
 
     /// [`Self::try_execute`] with a sink that may take data straight from
-    /// the store (its [`DataInSink::from_store`] is called non-blocking).
+    /// the store (its [`DataInSink::store_range`] is called non-blocking).
     pub fn try_execute_into(
         &self,
         request: &Request<'_>,

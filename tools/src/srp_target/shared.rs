@@ -332,7 +332,13 @@ impl DataInSink for SrpSink<'_> {
         self.written += piece.len();
     }
 
-    fn from_store(&mut self, store: &BlockStore, offset: u64, len: u64, nonblocking: bool) -> bool {
+    fn store_range(
+        &mut self,
+        store: &BlockStore,
+        offset: u64,
+        len: u64,
+        nonblocking: bool,
+    ) -> bool {
         let Some(key) = self.store_key else {
             let mut sink = |piece: &[u8]| self.bytes(piece);
             if nonblocking {
