@@ -21,6 +21,15 @@
 //! and the `SRP_RSP` SEND, in one batch when the send queue has room →
 //! the SEND completes → the memory goes back.
 //!
+//! A READ takes no staging memory when the target's RAM disks are
+//! registered with its PD (`SrpTargetConfig::zero_copy_reads`, the
+//! default): the SCSI target hands its data out as extents of the store's
+//! own chunks (see [`crate::scsi_target::store`]), the WRITEs gather from
+//! them, and the chunks stay pinned until the command is removed — its
+//! SEND completed or was flushed, or it was aborted and quiesced. A write
+//! racing such a READ copies the chunk instead of waiting, so the READ
+//! sends the blocks whole, as they were before the write.
+//!
 //! Every `SRP_RSP` returns one credit plus whatever accumulated (commands
 //! aborted without a response). The misbehaviour switches hook in where
 //! the behaviour they change happens.

@@ -7,7 +7,8 @@
 //! first use (the channel thread runs at `PASSIVE_LEVEL`, where registering
 //! is allowed). The channel's budget bounds what is registered in all —
 //! in use plus cached; a command that does not fit waits until others give
-//! memory back.
+//! memory back. READs served from the store's registered chunks need none
+//! (their WRITEs are cut by [`for_each_gather_piece`]).
 
 use hca_lowlevel::device::AccessFlags;
 use kverbs::error::VerbsError;
