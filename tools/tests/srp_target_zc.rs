@@ -193,6 +193,38 @@ fn a_disconnect_unpins_and_stop_deregisters_every_chunk() {
     });
 }
 
+#[test]
+fn a_logout_answers_the_pinned_read_then_every_pin_goes() {
+    run(config(), |env, p| {
+        let conn = env.connect(p);
+        let scsi = scsi(env);
+        let store = scsi.lun(0).unwrap().store();
+        let data = pattern(64 << 10, 9);
+        assert_eq!(conn.write10(0, 0, BLOCK, &data, p).status, 0);
+        delay_next_response(env, Duration::from_millis(300), p);
+        let mr = env.buffer(64 << 10, AccessFlags::REMOTE_WRITE, p);
+        let tag = conn.send_cmd(
+            0,
+            &rw10(0x28, 0, CHUNK_BLOCKS),
+            DataOut::None,
+            DataIn::Direct(desc_of(&mr, 0, 64 << 10)),
+            p,
+        );
+        env.wait("the READ to pin its chunk", || store.pinned_chunks() == 1);
+        // The target answers what it still owes, then ends the channel.
+        conn.i_logout(p);
+        let rsp = conn.next_rsp(p);
+        assert_eq!((rsp.tag, rsp.status), (tag, 0));
+        let mut back = vec![0u8; 64 << 10];
+        mr.mem().read(0, &mut back).unwrap();
+        assert!(back == data);
+        conn.wait_terminal();
+        env.wait("the pin to go", || store.pinned_chunks() == 0);
+        mr.dereg(p).unwrap();
+        conn.close(p);
+    });
+}
+
 /// Blocks of version `v`: each 512-byte block is its LBA (8 bytes) and
 /// then `v` repeated.
 fn versioned(lba: u32, blocks: u32, v: u8) -> Vec<u8> {
