@@ -7,7 +7,9 @@
 mod srp_target_support;
 
 use hca_lowlevel::device::AccessFlags;
+use kverbs_tools::scsi_target::{FaultFilter, FaultRule};
 use srp_target_support::*;
+use std::time::Duration;
 use storport_srp::wire::srp::{BufFormats, DataIn, DataOut, MultiChannelResult};
 
 #[test]
@@ -324,6 +326,16 @@ fn many_commands_in_flight_with_little_staging_memory() {
         let conn = env.connect(p);
         let n = 24u32;
         let blocks = 64u32; // 32 KiB each: four fit in the staging memory
+        // The first WRITE stalls the channel thread (after its RDMA READ)
+        // long enough for every other command to arrive, so they pile up
+        // and must wait for staging memory. Without the stall the thread
+        // could serve each WRITE before the next arrived, and the test's
+        // "commands waited" check failed about one run in twenty.
+        env.with_target(|t| {
+            t.scsi()
+                .faults()
+                .push(FaultRule::delay(Duration::from_millis(200)).only(FaultFilter::Writes));
+        });
         let mut mrs = Vec::new();
         let mut tags = Vec::new();
         for i in 0..n {

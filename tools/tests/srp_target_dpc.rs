@@ -60,16 +60,23 @@ fn reads_immediate_writes_and_no_data_commands_are_served_in_the_dpc_without_all
         let (rsp, big) = conn.read10(0, 0, 128, 512, p);
         assert_eq!(rsp.status, 0);
         assert_eq!(&big[..8192], &back[..]);
+        // 128 KiB over two chunks, the second never written: served in the
+        // DPC from the first chunk and the shared zeros, no staging buffer.
+        let (rsp, huge) = conn.read10(0, 0, 256, 512, p);
+        assert_eq!(rsp.status, 0);
+        assert_eq!(&huge[..64 << 10], &big[..]);
+        assert!(huge[64 << 10..].iter().all(|b| *b == 0));
         let tag = conn.send_cmd(0, &[0u8; 6], DataOut::None, DataIn::None, p);
         assert_eq!(conn.next_rsp(p).tag, tag);
         let c1 = env.with_target(|t| t.counters());
-        assert_eq!(c1.ius_served_in_dpc - c0.ius_served_in_dpc, 4);
+        assert_eq!(c1.ius_served_in_dpc - c0.ius_served_in_dpc, 5);
+        assert_eq!(c1.zero_copy_reads - c0.zero_copy_reads, 3);
         // Counted as the thread counts them.
-        assert_eq!(c1.srp_cmd - c0.srp_cmd, 5);
-        assert_eq!(c1.responses_sent - c0.responses_sent, 5);
-        assert_eq!(c1.credits_granted - c0.credits_granted, 5);
+        assert_eq!(c1.srp_cmd - c0.srp_cmd, 6);
+        assert_eq!(c1.responses_sent - c0.responses_sent, 6);
+        assert_eq!(c1.credits_granted - c0.credits_granted, 6);
         assert_eq!(c1.bytes_immediate - c0.bytes_immediate, 8192);
-        assert_eq!(c1.bytes_data_in - c0.bytes_data_in, 8192 + 65536);
+        assert_eq!(c1.bytes_data_in - c0.bytes_data_in, 8192 + 65536 + 131_072);
         assert_eq!(c1.credit_violations, 0);
         assert_eq!(
             env.platform.allocations_at_dispatch(),
@@ -84,12 +91,21 @@ fn reads_immediate_writes_and_no_data_commands_are_served_in_the_dpc_without_all
 fn the_thread_serves_what_the_lane_cannot() {
     run(config(), |env, p| {
         let conn = env.connect(p);
-        let data = pattern(128 << 10, 5);
-        // DATA-OUT by RDMA READ and a 128 KiB READ: the thread.
-        assert_eq!(conn.write10(0, 0, 512, &data, p).status, 0);
+        let data = pattern(512 << 10, 5);
+        // DATA-OUT by RDMA READ and a 512 KiB READ: the thread (a READ
+        // from the store's chunks goes to the lane up to 256 KiB).
         let before = served(env);
-        let (rsp, back) = conn.read10(0, 0, 256, 512, p);
+        assert_eq!(conn.write10(0, 0, 512, &data, p).status, 0);
+        let (rsp, back) = conn.read10(0, 0, 1024, 512, p);
         assert_eq!((rsp.status, back == data), (0, true));
+        assert_eq!(served(env), before);
+        // A 128 KiB READ: the lane, straight from the chunks.
+        let zc = env.with_target(|t| t.counters()).zero_copy_reads;
+        let (rsp, back) = conn.read10(0, 128, 256, 512, p);
+        assert_eq!((rsp.status, &back[..]), (0, &data[64 << 10..192 << 10]));
+        assert_eq!(served(env), before + 1);
+        assert_eq!(env.with_target(|t| t.counters()).zero_copy_reads, zc + 1);
+        let before = served(env);
         // INQUIRY builds its answer on the heap: the thread.
         let (rsp, _) = conn.data_in(0, &inquiry(96), 96, p);
         assert_eq!(rsp.status, 0);

@@ -19,6 +19,7 @@
 //! go of everything, and neither the StorPort model nor the kverbs verifier
 //! recorded a violation.
 
+use hca_lowlevel::sim::HcaConfig;
 use kverbs::irql::Passive;
 use kverbs::platform::host::HostPlatform;
 use storport_srp::srp::params::{TargetParams, parse_add_target};
@@ -135,18 +136,17 @@ fn build(
     let mut add_targets = Vec::new();
     let mut params: Vec<TargetParams> = Vec::new();
     for i in 0..usize::from(options.targets) {
-        let target_hca = hca
-            .fabric
-            .add_hca(super::rdma::in_process_hca(target_ip(i)));
+        let target_hca = hca.fabric.add_hca(target_hca_config(options, i));
         let blocks = options.lun_bytes / u64::from(options.block_size.bytes());
         let config = SrpTargetConfig {
+            staging_bytes: TARGET_STAGING_BYTES,
             luns: (0..options.luns)
                 .map(|_| LunConfig::new(options.block_size, blocks))
                 .collect(),
             cm_timing: Some(timing),
-            staging_bytes: 64 << 20,
             immediate_data: options.immediate_data,
             serve_in_dpc: target_serves_in_dpc(),
+            zero_copy_reads: target_zero_copy_reads(),
             ..SrpTargetConfig::default()
         };
         let target = SrpTarget::start_on_hca(platform, target_hca, config, p)
@@ -195,6 +195,26 @@ fn build(
     )
 }
 
+/// Staging memory per channel of the in-process SRP target.
+const TARGET_STAGING_BYTES: usize = 64 << 20;
+
+/// The in-process target's HCA, with DMA memory for its RAM disks as well
+/// as its staging and rings: the target registers its disks' chunks with
+/// the HCA (READs go out straight from them), so a disk written whole must
+/// not starve the staging buffers of DMA memory.
+fn target_hca_config(options: &SrpOptions, i: usize) -> HcaConfig {
+    let base = super::rdma::in_process_hca(target_ip(i));
+    let disks = options.lun_bytes.saturating_mul(u64::from(options.luns));
+    let staging = (TARGET_STAGING_BYTES as u64).saturating_mul(u64::from(options.channels.max(1)));
+    let wanted = disks.saturating_add(staging).saturating_add(64 << 20);
+    HcaConfig {
+        mem_limit: base
+            .mem_limit
+            .max(usize::try_from(wanted).unwrap_or(usize::MAX)),
+        ..base
+    }
+}
+
 /// Whether the in-process SRP target serves commands in its CQ's DPC
 /// ([`SrpTargetConfig::serve_in_dpc`], the default) unless
 /// `KVBENCH_TARGET_DPC` (`0` or `1`) says otherwise, so one binary can
@@ -203,5 +223,15 @@ fn target_serves_in_dpc() -> bool {
     super::rdma::env_switch(
         "KVBENCH_TARGET_DPC",
         SrpTargetConfig::default().serve_in_dpc,
+    )
+}
+
+/// Whether the in-process SRP target sends READ data straight from its RAM
+/// disk's registered chunks ([`SrpTargetConfig::zero_copy_reads`], the
+/// default) unless `KVBENCH_TARGET_ZC` (`0` or `1`) says otherwise.
+fn target_zero_copy_reads() -> bool {
+    super::rdma::env_switch(
+        "KVBENCH_TARGET_ZC",
+        SrpTargetConfig::default().zero_copy_reads,
     )
 }

@@ -18,7 +18,7 @@ use storport_srp::wire::Residual;
 use super::fault::FaultAction;
 use super::lu::LogicalUnit;
 use super::pages::{self, MAX_UNMAP_DESCRIPTORS, ModeSenseError};
-use super::{Request, Response, ScsiTarget};
+use super::{DataInSink, Request, Response, ScsiTarget};
 
 /// A command that did not complete with GOOD.
 #[derive(Debug, Clone, Copy)]
@@ -78,7 +78,7 @@ struct DataIn<'s> {
     capacity: u64,
     wanted: u64,
     sent: u64,
-    sink: &'s mut dyn FnMut(&[u8]),
+    sink: &'s mut dyn DataInSink,
     /// Neither block nor allocate (see `ScsiTarget::try_execute`).
     nonblocking: bool,
     /// Set when a non-blocking command could not run to its end.
@@ -95,7 +95,7 @@ impl DataIn<'_> {
         self.sent = send;
         if send > 0 {
             // CAST: send <= answer.len().
-            (self.sink)(&answer[..send as usize]);
+            self.sink.bytes(&answer[..send as usize]);
         }
     }
 
@@ -106,11 +106,9 @@ impl DataIn<'_> {
         self.wanted = len;
         self.sent = send;
         if send > 0 {
-            if self.nonblocking {
-                self.declined = !lu.store().try_read(offset, send, self.sink);
-            } else {
-                lu.store().read(offset, send, self.sink);
-            }
+            self.declined = !self
+                .sink
+                .store_range(lu.store(), offset, send, self.nonblocking);
         }
     }
 }
@@ -129,7 +127,7 @@ fn residual(buffer: u64, wanted: u64) -> Residual {
 pub(super) fn execute(
     target: &ScsiTarget,
     request: &Request<'_>,
-    sink: &mut dyn FnMut(&[u8]),
+    sink: &mut dyn DataInSink,
 ) -> Response {
     match execute_in(target, request, sink, false) {
         Some(response) => response,
@@ -149,7 +147,7 @@ pub(super) fn execute(
 pub(super) fn execute_in(
     target: &ScsiTarget,
     request: &Request<'_>,
-    sink: &mut dyn FnMut(&[u8]),
+    sink: &mut dyn DataInSink,
     nonblocking: bool,
 ) -> Option<Response> {
     if nonblocking && !runs_without_blocking(request.cdb) {

@@ -70,7 +70,42 @@ pub use fault::{FaultAction, FaultFilter, FaultHooks, FaultRule};
 pub use lu::{
     BlockSize, ConfigError, LogicalUnit, LuStatsSnapshot, LunConfig, MAX_LUNS, RangeError,
 };
-pub use store::BlockStore;
+pub use store::{BlockStore, Extent, ExtentError, StorePin};
+
+/// Where a command's data-in goes: built answers as bytes, and media data
+/// either as bytes (the default) or, for a transport that can send from
+/// the store's own memory, however it takes it.
+pub trait DataInSink {
+    /// The next `piece` of data-in.
+    fn bytes(&mut self, piece: &[u8]);
+
+    /// The next `len` bytes of data-in are the store's at `offset`.
+    /// Returns `false` to decline (only when `nonblocking`: a lock is held
+    /// or the transport cannot take it now); the command is then not
+    /// counted and runs again on a thread. The default copies the bytes
+    /// into [`Self::bytes`].
+    fn store_range(
+        &mut self,
+        store: &BlockStore,
+        offset: u64,
+        len: u64,
+        nonblocking: bool,
+    ) -> bool {
+        let mut sink = |piece: &[u8]| self.bytes(piece);
+        if nonblocking {
+            store.try_read(offset, len, &mut sink)
+        } else {
+            store.read(offset, len, &mut sink);
+            true
+        }
+    }
+}
+
+impl<F: FnMut(&[u8])> DataInSink for F {
+    fn bytes(&mut self, piece: &[u8]) {
+        self(piece);
+    }
+}
 
 /// One SCSI command as the transport received it.
 #[derive(Debug, Clone, Copy)]
@@ -272,6 +307,13 @@ impl ScsiTarget {
     /// while a chunk of the store is read-locked: it must not issue writes
     /// to the same target.
     pub fn execute(&self, request: &Request<'_>, data_in: &mut dyn FnMut(&[u8])) -> Response {
+        let mut sink = data_in;
+        commands::execute(self, request, &mut sink)
+    }
+
+    /// [`Self::execute`] with a sink that may take data straight from the
+    /// store (see [`DataInSink::store_range`]).
+    pub fn execute_into(&self, request: &Request<'_>, data_in: &mut dyn DataInSink) -> Response {
         commands::execute(self, request, data_in)
     }
 
@@ -288,6 +330,28 @@ impl ScsiTarget {
         &self,
         request: &Request<'_>,
         data_in: &mut dyn FnMut(&[u8]),
+    ) -> Option<Response> {
+        let mut sink = data_in;
+        self.try_execute_into(request, &mut sink)
+    }
+
+    /// [`Self::execute_into`] for a sink that may decline
+    /// ([`DataInSink::store_range`] returning `false`): `None` then, with
+    /// nothing counted, and the caller runs the command again another way.
+    pub fn execute_declinable(
+        &self,
+        request: &Request<'_>,
+        data_in: &mut dyn DataInSink,
+    ) -> Option<Response> {
+        commands::execute_in(self, request, data_in, false)
+    }
+
+    /// [`Self::try_execute`] with a sink that may take data straight from
+    /// the store (its [`DataInSink::store_range`] is called non-blocking).
+    pub fn try_execute_into(
+        &self,
+        request: &Request<'_>,
+        data_in: &mut dyn DataInSink,
     ) -> Option<Response> {
         if self.faults.armed() {
             return None;

@@ -14,8 +14,43 @@
 //! from fresh pages) and freed again by a discard that covers it; an
 //! unallocated chunk reads as zeros. The chunk size grows with the capacity
 //! so that the chunk table stays at most [`MAX_CHUNKS`] entries.
+//!
+//! # Registered chunks: READs served straight from the store
+//!
+//! An RDMA target can attach a protection domain
+//! ([`BlockStore::attach_registration`], at `PASSIVE_LEVEL`): from then on
+//! every chunk lives in memory registered with that PD (the chunks that
+//! exist are moved there, new ones are allocated there), and unallocated
+//! chunks read from one shared registered buffer of zeros. A READ then asks
+//! for the range as registered extents ([`BlockStore::read_extents`]) and
+//! its RDMA WRITEs gather from the chunks themselves: no staging copy.
+//!
+//! Each extent of a chunk carries a [`StorePin`] (a reference to the
+//! chunk's memory) that the target holds until the WRITE that reads the
+//! extent has completed. The per-block atomicity above still holds: a
+//! write to a pinned chunk does not wait (the pin may be released only by
+//! the writer's own thread, later) and does not touch the pinned bytes; it
+//! copies the chunk, writes the copy and puts the copy in the table (copy
+//! on write). The READ in flight keeps sending the bytes from before the
+//! write, as if it had run first; later reads see the write. The old
+//! chunk is deregistered once its last pin is gone, never before (retired
+//! chunks wait in a list reaped at `PASSIVE_LEVEL`). A write to an
+//! unpinned chunk writes in place, as before. The cost of the copy is one
+//! chunk (64 KiB for stores up to 4 GiB) per write that races a READ of
+//! the same chunk.
 
-use std::sync::{PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard, TryLockError};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard, TryLockError};
+use std::time::{Duration, Instant};
+
+use hca_lowlevel::device::AccessFlags;
+use kverbs::error::VerbsError;
+use kverbs::irql::Passive;
+use kverbs::mr::Mr;
+use kverbs::pd::Pd;
+use kverbs::platform::host::HostPlatform;
+
+type Hp = HostPlatform;
 
 /// The smallest chunk: 64 KiB (a multiple of both block sizes).
 pub const MIN_CHUNK_BYTES: u64 = 64 * 1024;
@@ -26,7 +61,179 @@ pub const MAX_CHUNKS: u64 = 64 * 1024;
 /// Zeros handed out for unallocated chunks, in pieces of at most this size.
 static ZEROS: [u8; 64 * 1024] = [0; 64 * 1024];
 
-type Chunk = Option<Box<[u8]>>;
+/// Bytes copied at a time out of (or between) registered chunks.
+const BOUNCE_BYTES: usize = 8 * 1024;
+
+/// How long detaching waits for the last pins of retired chunks.
+const DETACH_WAIT: Duration = Duration::from_secs(2);
+
+/// Hands out the keys of registrations.
+static NEXT_REGISTRATION: AtomicU64 = AtomicU64::new(1);
+
+/// The bytes of one chunk: on the heap, or in registered DMA memory.
+#[derive(Debug)]
+enum ChunkMem {
+    Heap(Box<[u8]>),
+    Registered(Mr<Hp>),
+}
+
+impl ChunkMem {
+    fn len(&self) -> usize {
+        match self {
+            Self::Heap(bytes) => bytes.len(),
+            Self::Registered(mr) => mr.len(),
+        }
+    }
+
+    /// Copies `out.len()` bytes from `within` into `out`.
+    fn read_into(&self, within: usize, out: &mut [u8]) {
+        match self {
+            Self::Heap(bytes) => out.copy_from_slice(&bytes[within..within + out.len()]),
+            Self::Registered(mr) => {
+                // In range: the callers cut pieces to the chunk.
+                let _ = mr.mem().read(within, out);
+            }
+        }
+    }
+
+    fn write_at(&mut self, within: usize, data: &[u8]) {
+        match self {
+            Self::Heap(bytes) => bytes[within..within + data.len()].copy_from_slice(data),
+            Self::Registered(mr) => {
+                let _ = mr.mem().write(within, data);
+            }
+        }
+    }
+
+    fn zero(&mut self, within: usize, len: usize) {
+        match self {
+            Self::Heap(bytes) => bytes[within..within + len].fill(0),
+            Self::Registered(mr) => {
+                let mut at = within;
+                let end = within + len;
+                while at < end {
+                    let step = (end - at).min(ZEROS.len());
+                    let _ = mr.mem().write(at, &ZEROS[..step]);
+                    at += step;
+                }
+            }
+        }
+    }
+
+    /// Copies all of `from` (the same length) into `self`.
+    fn copy_from(&mut self, from: &Self) {
+        if let (Self::Heap(to), Self::Heap(src)) = (&mut *self, from) {
+            to.copy_from_slice(src);
+            return;
+        }
+        let mut bounce = [0u8; BOUNCE_BYTES];
+        let mut at = 0;
+        while at < from.len() {
+            let step = (from.len() - at).min(BOUNCE_BYTES);
+            from.read_into(at, &mut bounce[..step]);
+            self.write_at(at, &bounce[..step]);
+            at += step;
+        }
+    }
+
+    /// Hands `piece` bytes from `within` to `sink` (through a bounce
+    /// buffer for registered memory, which is only reachable by copy).
+    fn emit(&self, within: usize, piece: usize, sink: &mut dyn FnMut(&[u8])) {
+        match self {
+            Self::Heap(bytes) => sink(&bytes[within..within + piece]),
+            Self::Registered(_) => {
+                let mut bounce = [0u8; BOUNCE_BYTES];
+                let mut at = within;
+                let end = within + piece;
+                while at < end {
+                    let step = (end - at).min(BOUNCE_BYTES);
+                    self.read_into(at, &mut bounce[..step]);
+                    sink(&bounce[..step]);
+                    at += step;
+                }
+            }
+        }
+    }
+
+    /// The offset of the first byte in `within..` that differs from
+    /// `expected`.
+    fn first_difference(&self, within: usize, expected: &[u8]) -> Option<usize> {
+        match self {
+            Self::Heap(bytes) => {
+                first_difference(&bytes[within..within + expected.len()], expected)
+            }
+            Self::Registered(_) => {
+                let mut bounce = [0u8; BOUNCE_BYTES];
+                let mut done = 0;
+                for want in expected.chunks(BOUNCE_BYTES) {
+                    let got = &mut bounce[..want.len()];
+                    self.read_into(within + done, got);
+                    if let Some(at) = first_difference(got, want) {
+                        return Some(done + at);
+                    }
+                    done += want.len();
+                }
+                None
+            }
+        }
+    }
+}
+
+type Chunk = Option<Arc<ChunkMem>>;
+
+/// The protection domain the chunks are registered with, and its buffer
+/// of zeros.
+#[derive(Debug)]
+struct Registration {
+    key: u64,
+    platform: Hp,
+    pd: Pd<Hp>,
+    zeros: Mr<Hp>,
+}
+
+impl Registration {
+    /// A registered chunk of `len` zeroed bytes, or `None` if the HCA
+    /// refuses (the chunk then lives on the heap and READs of it copy).
+    fn alloc(&self, len: usize) -> Option<ChunkMem> {
+        let mr = self
+            .platform
+            .run_passive(|p| Mr::alloc(&self.pd, len, AccessFlags::LOCAL_WRITE, p));
+        mr.ok().map(ChunkMem::Registered)
+    }
+}
+
+/// A pin on a registered chunk: while it lives, the chunk's memory stays
+/// registered and unchanged (writers copy the chunk instead). An RDMA
+/// target holds the pins of a READ's extents until its WRITEs completed;
+/// dropping one never blocks, allocates or deregisters (any `IRQL`).
+#[derive(Debug, Clone)]
+pub struct StorePin(#[allow(dead_code)] Arc<ChunkMem>);
+
+/// A piece of a read range in registered memory: `len` bytes at `addr`
+/// (an I/O virtual address) under `lkey`.
+#[derive(Debug, Clone)]
+pub struct Extent {
+    /// I/O virtual address of the first byte.
+    pub addr: u64,
+    /// The local key of the memory.
+    pub lkey: u32,
+    /// Bytes.
+    pub len: u32,
+    /// The chunk's pin (`None` for the shared zeros, which never change).
+    pub pin: Option<StorePin>,
+}
+
+/// Why [`BlockStore::read_extents`] could not describe a range.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExtentError {
+    /// The store is not registered under this key, or a chunk of the range
+    /// lives on the heap (its registration failed): copy instead.
+    NotRegistered,
+    /// Non-blocking, and a chunk lock is held by a writer.
+    WouldBlock,
+    /// The consumer refused an extent (it has no room for more).
+    Refused,
+}
 
 /// A sparse, chunk-locked byte store of a fixed size.
 #[derive(Debug)]
@@ -34,6 +241,15 @@ pub struct BlockStore {
     len: u64,
     chunk_bytes: u64,
     chunks: Box<[RwLock<Chunk>]>,
+    /// Set while an RDMA target has the chunks registered. Read before a
+    /// chunk lock is taken, never under one (attach and detach take chunk
+    /// locks under it).
+    registration: RwLock<Option<Arc<Registration>>>,
+    /// Registered chunks replaced or discarded while pinned, until their
+    /// last pin is gone (then they are deregistered).
+    retired: Mutex<Vec<Arc<ChunkMem>>>,
+    /// Writes that found their chunk pinned and copied it.
+    copies_on_write: AtomicU64,
 }
 
 impl BlockStore {
@@ -48,6 +264,9 @@ impl BlockStore {
             len,
             chunk_bytes,
             chunks,
+            registration: RwLock::new(None),
+            retired: Mutex::new(Vec::new()),
+            copies_on_write: AtomicU64::new(0),
         }
     }
 
@@ -72,6 +291,192 @@ impl BlockStore {
             .iter()
             .filter(|chunk| read_lock(chunk).is_some())
             .count()
+    }
+
+    /// How many chunks (in the table or retired) are pinned by a READ in
+    /// flight.
+    pub fn pinned_chunks(&self) -> usize {
+        let live = self
+            .chunks
+            .iter()
+            .filter(|chunk| {
+                read_lock(chunk)
+                    .as_ref()
+                    .is_some_and(|c| Arc::strong_count(c) > 1)
+            })
+            .count();
+        let retired = self
+            .retired
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .filter(|c| Arc::strong_count(c) > 1)
+            .count();
+        live + retired
+    }
+
+    /// Registered chunks replaced while pinned and not yet deregistered.
+    pub fn retired_chunks(&self) -> usize {
+        self.retired
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len()
+    }
+
+    /// Writes that found their chunk pinned and wrote a copy.
+    pub fn copies_on_write(&self) -> u64 {
+        self.copies_on_write.load(Ordering::Relaxed)
+    }
+
+    /// How many chunks live in registered memory.
+    pub fn registered_chunks(&self) -> usize {
+        self.chunks
+            .iter()
+            .filter(|chunk| matches!(read_lock(chunk).as_deref(), Some(ChunkMem::Registered(_))))
+            .count()
+    }
+
+    /// A new key for [`Self::attach_registration`] (one per protection
+    /// domain; a target registers all its stores under one key).
+    pub fn new_registration_key() -> u64 {
+        NEXT_REGISTRATION.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Registers the store with `pd` under `key`: the chunks that exist
+    /// move into registered memory, later ones are allocated there, and a
+    /// buffer of zeros stands for the unallocated ones. `false` if another
+    /// PD has the store already (that caller copies, as before).
+    ///
+    /// # Errors
+    ///
+    /// The zeros buffer could not be registered (nothing changed).
+    ///
+    /// # IRQL
+    ///
+    /// `PASSIVE_LEVEL`; allocates and registers.
+    pub fn attach_registration(
+        &self,
+        key: u64,
+        platform: &Hp,
+        pd: &Pd<Hp>,
+        p: &Passive<'_>,
+    ) -> Result<bool, VerbsError> {
+        let mut slot = self
+            .registration
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
+        if slot.is_some() {
+            return Ok(false);
+        }
+        let zeros = Mr::alloc(pd, ZEROS.len(), AccessFlags::LOCAL_WRITE, p)?;
+        let registration = Arc::new(Registration {
+            key,
+            platform: platform.clone(),
+            pd: pd.clone(),
+            zeros,
+        });
+        for chunk in self.chunks.iter() {
+            let mut guard = write_lock(chunk);
+            let Some(old) = guard.as_ref() else { continue };
+            if matches!(**old, ChunkMem::Registered(_)) {
+                continue;
+            }
+            if let Some(mut moved) = registration.alloc(old.len()) {
+                moved.copy_from(old);
+                *guard = Some(Arc::new(moved));
+            }
+        }
+        *slot = Some(registration);
+        Ok(true)
+    }
+
+    /// Undoes [`Self::attach_registration`] for `key`: every chunk moves
+    /// back to the heap and is deregistered, after waiting (a bounded
+    /// time) for pins still held. Returns how many registered chunks had
+    /// to be left registered because a pin never went (0 when every READ
+    /// finished, as it has after the target closed its channels).
+    ///
+    /// # IRQL
+    ///
+    /// `PASSIVE_LEVEL`.
+    pub fn detach_registration(&self, key: u64, p: &Passive<'_>) -> usize {
+        let registration = {
+            let mut slot = self
+                .registration
+                .write()
+                .unwrap_or_else(PoisonError::into_inner);
+            if slot.as_ref().map(|r| r.key) != Some(key) {
+                return 0;
+            }
+            slot.take()
+        };
+        for chunk in self.chunks.iter() {
+            let mut guard = write_lock(chunk);
+            let Some(old) = guard.as_ref() else { continue };
+            if !matches!(**old, ChunkMem::Registered(_)) {
+                continue;
+            }
+            let mut moved = ChunkMem::Heap(vec![0u8; old.len()].into_boxed_slice());
+            moved.copy_from(old);
+            if let Some(old) = guard.replace(Arc::new(moved)) {
+                self.retire(old);
+            }
+        }
+        let start = Instant::now();
+        while self.reap(p) > 0 && start.elapsed() < DETACH_WAIT {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        if let Some(registration) = registration {
+            let _ = registration.zeros.dereg(p);
+        }
+        self.retired_chunks()
+    }
+
+    /// The registration, looked up before any chunk lock is taken.
+    fn registration(&self) -> Option<Arc<Registration>> {
+        read_lock_any(&self.registration).clone()
+    }
+
+    /// Keeps a replaced registered chunk until its pins are gone.
+    fn retire(&self, old: Arc<ChunkMem>) {
+        if matches!(*old, ChunkMem::Registered(_)) {
+            self.retired
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push(old);
+        }
+    }
+
+    /// Deregisters the retired chunks nobody pins any more; returns how
+    /// many are left.
+    fn reap(&self, p: &Passive<'_>) -> usize {
+        let mut retired = self.retired.lock().unwrap_or_else(PoisonError::into_inner);
+        retired.retain(|chunk| {
+            // Only the list holds it: no pin can appear (pins are taken
+            // from the table, which no longer has it).
+            if Arc::strong_count(chunk) > 1 {
+                return true;
+            }
+            if let ChunkMem::Registered(mr) = &**chunk {
+                let _ = mr.dereg(p);
+            }
+            false
+        });
+        retired.len()
+    }
+
+    /// [`Self::reap`] when something is retired, from a writer's thread.
+    fn reap_soon(&self, registration: Option<&Registration>) {
+        let any = !self
+            .retired
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_empty();
+        if let (true, Some(registration)) = (any, registration) {
+            registration.platform.run_passive(|p| {
+                self.reap(p);
+            });
+        }
     }
 
     /// Splits `offset..offset + len` into per-chunk pieces:
@@ -140,11 +545,98 @@ impl BlockStore {
         true
     }
 
+    /// Describes `offset..offset + len` as registered extents, in order,
+    /// for a store registered under `key`: the chunks' own memory (each
+    /// extent pinned) or the shared zeros. `consume` returns `false` when
+    /// it can take no more. Neither allocates nor deregisters; with
+    /// `nonblocking` it also never waits for a lock (callable at
+    /// `DISPATCH_LEVEL`).
+    ///
+    /// On an error, `consume` may have received a prefix of the range; the
+    /// caller drops it (and its pins) and copies instead, or retries on a
+    /// thread.
+    ///
+    /// # Errors
+    ///
+    /// See [`ExtentError`].
+    ///
+    /// # Panics
+    ///
+    /// If the range is outside the store.
+    pub fn read_extents(
+        &self,
+        key: u64,
+        offset: u64,
+        len: u64,
+        nonblocking: bool,
+        consume: &mut dyn FnMut(Extent) -> bool,
+    ) -> Result<(), ExtentError> {
+        self.check(offset, len);
+        let registration = if nonblocking {
+            match self.registration.try_read() {
+                Ok(guard) => guard.clone(),
+                Err(TryLockError::Poisoned(e)) => e.into_inner().clone(),
+                Err(TryLockError::WouldBlock) => return Err(ExtentError::WouldBlock),
+            }
+        } else {
+            self.registration()
+        };
+        let registration = registration
+            .filter(|r| r.key == key)
+            .ok_or(ExtentError::NotRegistered)?;
+        for (index, within, piece) in self.pieces(offset, len) {
+            let guard = if nonblocking {
+                match self.chunks[index].try_read() {
+                    Ok(guard) => guard,
+                    Err(TryLockError::Poisoned(e)) => e.into_inner(),
+                    Err(TryLockError::WouldBlock) => return Err(ExtentError::WouldBlock),
+                }
+            } else {
+                read_lock(&self.chunks[index])
+            };
+            match guard.as_ref() {
+                None => {
+                    let zeros = &registration.zeros;
+                    let mut left = piece;
+                    while left > 0 {
+                        let step = left.min(zeros.len());
+                        let extent = Extent {
+                            addr: zeros.iova(),
+                            lkey: zeros.lkey(),
+                            len: u32::try_from(step).map_err(|_| ExtentError::Refused)?,
+                            pin: None,
+                        };
+                        if !consume(extent) {
+                            return Err(ExtentError::Refused);
+                        }
+                        left -= step;
+                    }
+                }
+                Some(chunk) => {
+                    let ChunkMem::Registered(mr) = &**chunk else {
+                        return Err(ExtentError::NotRegistered);
+                    };
+                    let extent = Extent {
+                        addr: mr.iova() + within as u64,
+                        lkey: mr.lkey(),
+                        len: u32::try_from(piece).map_err(|_| ExtentError::Refused)?,
+                        pin: Some(StorePin(Arc::clone(chunk))),
+                    };
+                    if !consume(extent) {
+                        return Err(ExtentError::Refused);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// [`Self::write`] for a caller that must neither block nor allocate:
-    /// `false` as soon as a chunk lock is held or a chunk would have to be
-    /// allocated. The chunks before that one were written then; the caller
-    /// writes the whole range again on a thread (a transfer that spans
-    /// chunks is not atomic anyway, and the bytes are the same).
+    /// `false` as soon as a chunk lock is held, a chunk would have to be
+    /// allocated, or a chunk is pinned (writing it means copying it). The
+    /// chunks before that one were written then; the caller writes the
+    /// whole range again on a thread (a transfer that spans chunks is not
+    /// atomic anyway, and the bytes are the same).
     ///
     /// # Panics
     ///
@@ -160,10 +652,10 @@ impl BlockStore {
                 Err(TryLockError::Poisoned(e)) => e.into_inner(),
                 Err(TryLockError::WouldBlock) => return false,
             };
-            let Some(chunk) = guard.as_deref_mut() else {
+            let Some(chunk) = guard.as_mut().and_then(Arc::get_mut) else {
                 return false;
             };
-            chunk[within..within + piece].copy_from_slice(head);
+            chunk.write_at(within, head);
         }
         true
     }
@@ -175,14 +667,47 @@ impl BlockStore {
     /// If the range is outside the store.
     pub fn write(&self, offset: u64, data: &[u8]) {
         self.check(offset, data.len() as u64);
+        let registration = self.registration();
         let mut rest = data;
         for (index, within, piece) in self.pieces(offset, data.len() as u64) {
             let (head, tail) = rest.split_at(piece);
             rest = tail;
             let mut guard = write_lock(&self.chunks[index]);
-            let chunk = guard.get_or_insert_with(|| self.new_chunk(index));
-            chunk[within..within + piece].copy_from_slice(head);
+            self.modify(&mut guard, index, registration.as_deref(), |chunk| {
+                chunk.write_at(within, head);
+            });
         }
+        self.reap_soon(registration.as_deref());
+    }
+
+    /// Runs `change` on chunk `index` (write-locked in `guard`): in place,
+    /// or on a copy when a READ pins the chunk (the copy replaces it; the
+    /// pinned one is retired).
+    fn modify(
+        &self,
+        guard: &mut RwLockWriteGuard<'_, Chunk>,
+        index: usize,
+        registration: Option<&Registration>,
+        change: impl FnOnce(&mut ChunkMem),
+    ) {
+        let Some(current) = guard.as_mut() else {
+            let mut fresh = self.new_chunk(index, registration);
+            change(&mut fresh);
+            **guard = Some(Arc::new(fresh));
+            return;
+        };
+        // Pins are only taken under the read lock, which this writer
+        // excludes: a chunk found unpinned stays unpinned here.
+        if let Some(chunk) = Arc::get_mut(current) {
+            change(chunk);
+            return;
+        }
+        self.copies_on_write.fetch_add(1, Ordering::Relaxed);
+        let mut fresh = self.new_chunk(index, registration);
+        fresh.copy_from(current);
+        change(&mut fresh);
+        let old = std::mem::replace(current, Arc::new(fresh));
+        self.retire(old);
     }
 
     /// Compares the store at `offset` with `expected`; returns the offset
@@ -200,7 +725,7 @@ impl BlockStore {
             rest = tail;
             let guard = read_lock(&self.chunks[index]);
             let mismatch = match guard.as_deref() {
-                Some(data) => first_difference(&data[within..within + piece], head),
+                Some(data) => data.first_difference(within, head),
                 None => head.iter().position(|byte| *byte != 0),
             };
             if let Some(at) = mismatch {
@@ -219,14 +744,20 @@ impl BlockStore {
     /// If the range is outside the store.
     pub fn discard(&self, offset: u64, len: u64) {
         self.check(offset, len);
+        let registration = self.registration();
         for (index, within, piece) in self.pieces(offset, len) {
             let mut guard = write_lock(&self.chunks[index]);
             if within == 0 && piece == self.chunk_len(index) {
-                *guard = None;
-            } else if let Some(chunk) = guard.as_deref_mut() {
-                chunk[within..within + piece].fill(0);
+                if let Some(old) = guard.take() {
+                    self.retire(old);
+                }
+            } else if guard.is_some() {
+                self.modify(&mut guard, index, registration.as_deref(), |chunk| {
+                    chunk.zero(within, piece);
+                });
             }
         }
+        self.reap_soon(registration.as_deref());
     }
 
     /// The length of chunk `index` (the last one may be short).
@@ -236,8 +767,13 @@ impl BlockStore {
         (self.len - start).min(self.chunk_bytes) as usize
     }
 
-    fn new_chunk(&self, index: usize) -> Box<[u8]> {
-        vec![0u8; self.chunk_len(index)].into_boxed_slice()
+    /// A zeroed chunk: registered when the store is, else (or if the
+    /// registration fails) on the heap.
+    fn new_chunk(&self, index: usize, registration: Option<&Registration>) -> ChunkMem {
+        let len = self.chunk_len(index);
+        registration
+            .and_then(|r| r.alloc(len))
+            .unwrap_or_else(|| ChunkMem::Heap(vec![0u8; len].into_boxed_slice()))
     }
 }
 
@@ -254,15 +790,19 @@ fn read_lock(lock: &RwLock<Chunk>) -> RwLockReadGuard<'_, Chunk> {
     lock.read().unwrap_or_else(PoisonError::into_inner)
 }
 
+fn read_lock_any<T>(lock: &RwLock<T>) -> RwLockReadGuard<'_, T> {
+    lock.read().unwrap_or_else(PoisonError::into_inner)
+}
+
 fn write_lock(lock: &RwLock<Chunk>) -> RwLockWriteGuard<'_, Chunk> {
     lock.write().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// Hands `piece` bytes of a chunk from `within` to `sink`: the chunk's
 /// bytes, or zeros for a chunk never written.
-fn emit_piece(chunk: Option<&[u8]>, within: usize, piece: usize, sink: &mut dyn FnMut(&[u8])) {
+fn emit_piece(chunk: Option<&ChunkMem>, within: usize, piece: usize, sink: &mut dyn FnMut(&[u8])) {
     match chunk {
-        Some(data) => sink(&data[within..within + piece]),
+        Some(data) => data.emit(within, piece, sink),
         None => {
             let mut left = piece;
             while left > 0 {

@@ -21,6 +21,15 @@
 //! and the `SRP_RSP` SEND, in one batch when the send queue has room →
 //! the SEND completes → the memory goes back.
 //!
+//! A READ takes no staging memory when the target's RAM disks are
+//! registered with its PD (`SrpTargetConfig::zero_copy_reads`, the
+//! default): the SCSI target hands its data out as extents of the store's
+//! own chunks (see [`crate::scsi_target::store`]), the WRITEs gather from
+//! them, and the chunks stay pinned until the command is removed — its
+//! SEND completed or was flushed, or it was aborted and quiesced. A write
+//! racing such a READ copies the chunk instead of waiting, so the READ
+//! sends the blocks whole, as they were before the write.
+//!
 //! Every `SRP_RSP` returns one credit plus whatever accumulated (commands
 //! aborted without a response). The misbehaviour switches hook in where
 //! the behaviour they change happens.
@@ -58,11 +67,11 @@ use super::counters::Counters;
 use super::lane::LanePlan;
 use super::misbehave::{Fate, HostileAttempt, HostileOutcome, HostileReport};
 use super::shared::{
-    ChannelShared, ChannelState, CmdRef, DisconnectWhy, Note, Request, SendWhat, Terminal, WrCtx,
-    write_response,
+    ChannelShared, ChannelState, CmdRef, DisconnectWhy, Note, Request, SendWhat, SrpSink, Terminal,
+    WrCtx, write_response,
 };
-use super::staging::{Piece, Staging, StagingError, StagingPool, pieces};
-use crate::scsi_target::Request as ScsiRequest;
+use super::staging::{Piece, Staging, StagingError, StagingPool, for_each_gather_piece, pieces};
+use crate::scsi_target::{Extent, Request as ScsiRequest};
 
 type Hp = HostPlatform;
 
@@ -181,6 +190,15 @@ struct Command {
     inflight: u32,
     reads_left: u32,
     writes: Vec<Piece>,
+    /// For a READ served from the store: each WRITE's local source
+    /// (lkey, address), beside `writes` (whose `local_off` is then 0).
+    write_src: Vec<(u32, u64)>,
+    /// A READ served from the store's chunks, not from staging.
+    zero_copy: bool,
+    /// The store extents the WRITEs gather from, pinned until the command
+    /// is removed (its SEND completed or flushed, or it was aborted and
+    /// quiesced): dropping them unpins.
+    extents: Vec<Extent>,
     writes_posted: usize,
     answer: Option<Answer>,
     fate: Fate,
@@ -728,7 +746,11 @@ impl Channel {
             }
             Transfer::Immediate(data) => u32::try_from(data.len()).ok(),
         };
-        let needs_staging = matches!(transfer, Transfer::In(_) | Transfer::Out(_));
+        // A READ's data can go out straight from the store's chunks.
+        let zero_copy = matches!(transfer, Transfer::In(_))
+            && self.target.store_key.is_some()
+            && is_read(repr.cdb);
+        let needs_staging = matches!(transfer, Transfer::In(_) | Transfer::Out(_)) && !zero_copy;
         let fits = total.is_some_and(|t| !needs_staging || self.staging.fits(t as usize));
         let reads_possible = !matches!(transfer, Transfer::Out(_)) || self.neg.read_depth > 0;
         let Some(total) = total.filter(|_| fits && reads_possible) else {
@@ -752,12 +774,17 @@ impl Channel {
             inflight: 0,
             reads_left: 0,
             writes: Vec::new(),
+            write_src: Vec::new(),
+            zero_copy: false,
+            extents: Vec::new(),
             writes_posted: 0,
             answer: None,
             fate: Fate::Send,
             aborted: false,
             hostile_after,
         };
+        let mut command = command;
+        command.zero_copy = zero_copy;
         let r = self.insert(command);
         if needs_staging {
             self.wait_staging.push_back(r);
@@ -879,7 +906,9 @@ impl Channel {
             }
             Stage::Dropped if quiet && cmd.writes_posted == cmd.writes.len() => {
                 // The data is delivered and the response will never be:
-                // the buffer goes back; the command waits for an abort.
+                // the buffer and the chunk pins go back; the command
+                // waits for an abort.
+                cmd.extents.clear();
                 if let Some(buf) = cmd.staging.take() {
                     self.staging.put(buf);
                     self.feed_staging(p);
@@ -918,14 +947,23 @@ impl Channel {
             data_out: out,
             data_in_capacity: capacity,
         };
-        let mut written = 0usize;
-        let staging = cmd.staging.as_ref();
-        let response = target.scsi.execute(&request, &mut |piece: &[u8]| {
-            if let Some(buf) = staging {
-                let _ = buf.mr.mem().write(written, piece);
-            }
-            written += piece.len();
-        });
+        let mut sink = SrpSink {
+            staging: cmd.staging.as_ref().map(|s| &s.mr),
+            written: 0,
+            store_key: target.store_key.filter(|_| cmd.zero_copy),
+            extents: &mut cmd.extents,
+            max_extents: usize::MAX,
+        };
+        let Some(response) = target.scsi.execute_declinable(&request, &mut sink) else {
+            // A chunk of the range is not registered (its registration
+            // failed): this READ copies through staging after all.
+            cmd.extents.clear();
+            cmd.zero_copy = false;
+            cmd.stage = Stage::WaitStaging;
+            self.data_out = data_out;
+            self.wait_staging.push_back(r);
+            return;
+        };
         if let Transfer::Out(_) = cmd.transfer {
             Counters::add(&target.counters.bytes_data_out, u64::from(cmd.total));
         }
@@ -947,7 +985,34 @@ impl Channel {
             solicited,
         });
         if let Transfer::In(descs) = &cmd.transfer {
-            cmd.writes = pieces(descs, response.data_in_len, max_rdma);
+            if cmd.zero_copy {
+                let (writes, src) = (&mut cmd.writes, &mut cmd.write_src);
+                let complete = for_each_gather_piece(
+                    descs,
+                    &cmd.extents,
+                    response.data_in_len,
+                    max_rdma,
+                    |remote_addr, rkey, len, lkey, local| {
+                        writes.push(Piece {
+                            remote_addr,
+                            rkey,
+                            local_off: 0,
+                            len,
+                        });
+                        src.push((lkey, local));
+                    },
+                );
+                if !complete {
+                    // The store described fewer bytes than the READ sent
+                    // (a bug): no data, and the initiator hears BUSY.
+                    writes.clear();
+                    src.clear();
+                    cmd.answer = Some(busy_answer());
+                }
+                Counters::add(&target.counters.zero_copy_reads, 1);
+            } else {
+                cmd.writes = pieces(descs, response.data_in_len, max_rdma);
+            }
         }
         self.data_out = data_out;
         let fate = self.target.switches.response_fate();
@@ -990,6 +1055,9 @@ impl Channel {
             inflight: 0,
             reads_left: 0,
             writes: Vec::new(),
+            write_src: Vec::new(),
+            zero_copy: false,
+            extents: Vec::new(),
             writes_posted: 0,
             answer: Some(answer),
             fate: Fate::Send,
@@ -1513,10 +1581,21 @@ impl Channel {
                 None
             };
             let send_now = slot.is_some();
-            match staged {
-                Some((lkey, base)) => {
+            let zero_copy = cmd.zero_copy;
+            match staged.or(zero_copy.then_some((0, 0))) {
+                Some((staged_lkey, staged_base)) => {
                     for i in 0..n {
-                        let Some(&piece) = cmd.writes.get(cmd.writes_posted + i) else {
+                        let at = cmd.writes_posted + i;
+                        let Some(&piece) = cmd.writes.get(at) else {
+                            n = i;
+                            break;
+                        };
+                        let source = if zero_copy {
+                            cmd.write_src.get(at).copied()
+                        } else {
+                            Some((staged_lkey, staged_base))
+                        };
+                        let Some((lkey, base)) = source else {
                             n = i;
                             break;
                         };
@@ -1548,6 +1627,7 @@ impl Channel {
             if !wants_send {
                 cmd.stage = Stage::Dropped;
                 let buf = if cmd.inflight == 0 {
+                    cmd.extents.clear();
                     cmd.staging.take()
                 } else {
                     None
@@ -1820,4 +1900,14 @@ fn busy_answer() -> Answer {
         data_out_residual: Residual::None,
         solicited: false,
     }
+}
+
+/// Whether a CDB is a READ(6/10/12/16): the commands whose data-in comes
+/// from the store (and can go out from its chunks).
+pub(crate) fn is_read(cdb: &[u8]) -> bool {
+    use storport_srp::scsi::Opcode as Op;
+    matches!(
+        cdb.first().copied().map(Op),
+        Some(Op::READ_6 | Op::READ_10 | Op::READ_12 | Op::READ_16)
+    )
 }

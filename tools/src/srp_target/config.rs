@@ -105,6 +105,10 @@ pub struct SrpTargetConfig {
     pub accepted_initiators: Option<Vec<InitiatorAcl>>,
     /// Grant immediate data when asked (`IMMED_SUPP`).
     pub immediate_data: bool,
+    /// READs send their data straight from the RAM disk's chunks (the
+    /// stores are registered with the target's PD at start) instead of
+    /// copying it into staging memory first.
+    pub zero_copy_reads: bool,
     /// Most channels open at once (across all initiators).
     pub max_channels: usize,
     /// RDMA READs outstanding per channel, as offered in the CM REP (the
@@ -153,6 +157,7 @@ impl Default for SrpTargetConfig {
             ib_cm: IbCmListen::ServiceGuid,
             accepted_initiators: None,
             immediate_data: true,
+            zero_copy_reads: true,
             max_channels: 32,
             initiator_depth: 4,
             responder_resources: 4,

@@ -136,6 +136,9 @@ counters! {
     /// `SRP_CMD`s served in the CQ's DPC, without waking the channel
     /// thread (see the lane in `srp_target::lane`).
     ius_served_in_dpc,
+    /// READs whose data went out straight from the store's registered
+    /// chunks (no staging copy), on the thread or in the DPC.
+    zero_copy_reads,
 }
 
 /// The SRP reason of a reject-counter index.

@@ -6,7 +6,10 @@
 //! # What the lane serves
 //!
 //! A command with no data, with immediate data, or with a DATA-IN buffer
-//! of at most [`LANE_BUF_BYTES`] in at most [`LANE_MAX_DESCS`] descriptors,
+//! in at most [`LANE_MAX_DESCS`] descriptors of at most [`LANE_BUF_BYTES`]
+//! (or, for a READ when the target's stores are registered, at most
+//! [`LANE_ZC_BYTES`]: its WRITEs gather straight from the store's chunks,
+//! which stay pinned until the command's SEND completes),
 //! that the SCSI target can run without blocking or allocating
 //! ([`crate::scsi_target::ScsiTarget::try_execute`]: READ, WRITE, TEST UNIT
 //! READY). Its staging buffer comes from a pool registered at login, its
@@ -54,17 +57,24 @@ use storport_srp::wire::srp::{
 
 use super::TargetShared;
 use super::channel::Negotiated;
+use super::channel::is_read;
 use super::config::SrpTargetConfig;
 use super::counters::Counters;
-use super::shared::{SendWhat, WrCtx, write_response};
-use super::staging::for_each_piece;
-use crate::scsi_target::Request as ScsiRequest;
+use super::shared::{SendWhat, SrpSink, WrCtx, write_response};
+use super::staging::{for_each_gather_piece, for_each_piece};
+use crate::scsi_target::{Extent, Request as ScsiRequest};
 
 type Hp = HostPlatform;
 
 /// Size of each of the lane's staging buffers: the largest data-in the lane
 /// serves.
 pub(crate) const LANE_BUF_BYTES: usize = 64 << 10;
+/// Largest READ the lane serves straight from the store's registered
+/// chunks (no staging buffer, so larger than [`LANE_BUF_BYTES`]).
+pub(crate) const LANE_ZC_BYTES: usize = 256 << 10;
+/// Most store extents (chunk pieces, zeros) of a READ the lane serves
+/// from the store: a 256 KiB READ over 64 KiB chunks spans at most 5.
+pub(crate) const LANE_MAX_EXTENTS: usize = 8;
 /// Most commands the lane has in flight (its send slots and buffers).
 pub(crate) const LANE_SLOTS: u32 = 16;
 /// Most data-in descriptors of a command the lane serves.
@@ -86,7 +96,10 @@ impl LanePlan {
         let max_rdma = config.max_rdma_size.max(1) as usize;
         // Each command: its WRITEs (one per max_rdma_size of data, plus
         // one per descriptor boundary) and one SEND.
-        let writes = LANE_BUF_BYTES.div_ceil(max_rdma) + LANE_MAX_DESCS;
+        // A READ from the store is also cut at each extent's end.
+        let staged = LANE_BUF_BYTES.div_ceil(max_rdma) + LANE_MAX_DESCS;
+        let gathered = LANE_ZC_BYTES.div_ceil(max_rdma) + LANE_MAX_DESCS + LANE_MAX_EXTENTS;
+        let writes = staged.max(gathered);
         let per_command = u32::try_from(writes + 1).unwrap_or(u32::MAX);
         Self {
             slots,
@@ -96,9 +109,14 @@ impl LanePlan {
 }
 
 /// One command the lane posted, until its `SRP_RSP`'s SEND completes.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Default)]
 struct LaneSlot {
     buf: Option<u16>,
+    /// The store extents a READ's WRITEs gather from, pinned until the
+    /// SEND completes (or is flushed, or the lane is released): clearing
+    /// drops the pins. Made with [`LANE_MAX_EXTENTS`] capacity at login;
+    /// never grows.
+    extents: Vec<Extent>,
     /// Work requests the command posted (its WRITEs and the SEND).
     wrs: u32,
     tag: u64,
@@ -180,7 +198,12 @@ impl LaneIo {
             iu: vec![0; req_size],
             bufs,
             free_bufs: (0..count).rev().collect(),
-            slots: vec![LaneSlot::default(); usize::from(count)],
+            slots: (0..count)
+                .map(|_| LaneSlot {
+                    extents: Vec::with_capacity(LANE_MAX_EXTENTS),
+                    ..LaneSlot::default()
+                })
+                .collect(),
             free_slots: (0..count).rev().collect(),
             slot_base,
             wr_budget: plan.wr_budget,
@@ -386,7 +409,15 @@ impl Lane {
         let Some(entry) = io.slots.get_mut(usize::from(index)) else {
             return;
         };
-        let done = std::mem::take(entry);
+        // The WRITEs before this SEND have completed: the pins go.
+        entry.extents.clear();
+        let done = LaneSlot {
+            buf: entry.buf.take(),
+            extents: Vec::new(),
+            wrs: std::mem::take(&mut entry.wrs),
+            tag: entry.tag,
+            first: entry.first.take(),
+        };
         if let Some(buf) = done.buf {
             io.free_bufs.push(buf);
         }
@@ -458,17 +489,33 @@ impl Lane {
         let total = descs
             .iter()
             .try_fold(0u32, |acc, d| acc.checked_add(d.len))?;
-        if total as usize > LANE_BUF_BYTES {
+        // A READ with the stores registered goes out from the chunks.
+        let store_key = target
+            .store_key
+            .filter(|_| count > 0 && total > 0 && is_read(repr.cdb));
+        let limit = if store_key.is_some() {
+            LANE_ZC_BYTES
+        } else {
+            LANE_BUF_BYTES
+        };
+        if total as usize > limit {
             return None;
         }
         // Resources: a send slot, a buffer for data-in, room in the lane's
         // share of the send queue for every WRITE and the SEND.
-        let wrs_needed = piece_count(descs, total, io.max_rdma).checked_add(1)?;
+        let extent_cuts = if store_key.is_some() {
+            LANE_MAX_EXTENTS as u32
+        } else {
+            0
+        };
+        let wrs_needed = piece_count(descs, total, io.max_rdma)
+            .checked_add(extent_cuts)?
+            .checked_add(1)?;
         if self.wrs.checked_add(wrs_needed)? > io.wr_budget {
             return None;
         }
         let lane_slot = *io.free_slots.last()?;
-        let buf = if total > 0 {
+        let buf = if total > 0 && store_key.is_none() {
             Some(*io.free_bufs.last()?)
         } else {
             None
@@ -483,13 +530,17 @@ impl Lane {
             data_out: immediate,
             data_in_capacity: if count > 0 { total } else { 0 },
         };
-        let mut written = 0usize;
-        let response = target.scsi.try_execute(&request, &mut |piece: &[u8]| {
-            if let Some(mr) = staging {
-                let _ = mr.mem().write(written, piece);
-            }
-            written += piece.len();
-        })?;
+        let extents = &mut io.slots.get_mut(usize::from(lane_slot))?.extents;
+        extents.clear();
+        let mut sink = SrpSink {
+            staging,
+            written: 0,
+            store_key,
+            extents,
+            max_extents: LANE_MAX_EXTENTS,
+        };
+        // Declined: the sink dropped whatever extents it had taken.
+        let response = target.scsi.try_execute_into(&request, &mut sink)?;
         // From here the command is the lane's: count it as the thread
         // would, in the thread's order.
         io.free_slots.pop();
@@ -548,6 +599,41 @@ impl Lane {
         let mut posted = 0u32;
         let ok = (|| -> Option<()> {
             let mut batch = io.qp.begin_send(irql).ok()?;
+            let extents = &io.slots.get(usize::from(lane_slot))?.extents;
+            if store_key.is_some() {
+                let mut failed = false;
+                let complete = for_each_gather_piece(
+                    descs,
+                    extents,
+                    response.data_in_len,
+                    io.max_rdma,
+                    |remote_addr, rkey, len, lkey, local| {
+                        let sge = kverbs::wr::Sge {
+                            addr: local,
+                            len,
+                            lkey,
+                        };
+                        let wr = WriteWr {
+                            payload: Payload::Sges(&[sge]),
+                            remote_addr,
+                            rkey,
+                            imm: None,
+                            flags: SendFlags::default(),
+                        };
+                        if failed || batch.rdma_write(&wr, Signal::Unsignalled).is_err() {
+                            failed = true;
+                            return;
+                        }
+                        posted += 1;
+                        Counters::add(&counters.rdma_writes, 1);
+                        Counters::add(&counters.bytes_data_in, u64::from(len));
+                    },
+                );
+                if failed || !complete {
+                    return None;
+                }
+                Counters::add(&counters.zero_copy_reads, 1);
+            }
             if let Some(mr) = staging {
                 let (lkey, base) = (mr.lkey(), mr.iova());
                 let mut failed = false;
@@ -601,6 +687,9 @@ impl Lane {
         })();
         if ok.is_none() {
             // Dropping the batch posted nothing: give everything back.
+            if let Some(entry) = io.slots.get_mut(usize::from(lane_slot)) {
+                entry.extents.clear();
+            }
             io.free_slots.push(lane_slot);
             if let Some(b) = buf {
                 io.free_bufs.push(b);
@@ -609,12 +698,10 @@ impl Lane {
         }
         let first = descs.iter().copied().find(|d| d.len > 0);
         if let Some(entry) = io.slots.get_mut(usize::from(lane_slot)) {
-            *entry = LaneSlot {
-                buf,
-                wrs: posted + 1,
-                tag: repr.tag,
-                first,
-            };
+            entry.buf = buf;
+            entry.wrs = posted + 1;
+            entry.tag = repr.tag;
+            entry.first = first;
         }
         self.wrs += posted + 1;
         credits.lane_inflight.fetch_add(1, Ordering::AcqRel);
@@ -662,8 +749,9 @@ mod tests {
         };
         let plan = LanePlan::for_config(&config);
         assert_eq!(plan.slots, LANE_SLOTS);
-        // 64 KiB in 4 KiB WRITEs, one more per descriptor, and the SEND.
-        assert_eq!(plan.wr_budget, LANE_SLOTS * (16 + 16 + 1));
+        // 256 KiB from the store in 4 KiB WRITEs, one more per descriptor
+        // and per extent, and the SEND.
+        assert_eq!(plan.wr_budget, LANE_SLOTS * (64 + 16 + 8 + 1));
         config.rq_size = 4;
         assert_eq!(LanePlan::for_config(&config).slots, 4);
     }

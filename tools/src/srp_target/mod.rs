@@ -77,7 +77,7 @@ use kverbs::sync::SpinLock;
 use kverbs::wire::{CmaAddresses, PortSpace, RejectReason as CmRejectReason, ServiceId};
 use storport_srp::wire::srp::{MultiChannelAction, MultiChannelResult, PortId, RejectReason};
 
-use crate::scsi_target::{ScsiTarget, TargetConfig};
+use crate::scsi_target::{BlockStore, ScsiTarget, TargetConfig};
 
 pub use config::{CmTiming, ConfigError, IbCmListen, InitiatorAcl, SrpTargetConfig};
 pub use counters::CountersSnapshot;
@@ -173,6 +173,9 @@ pub(crate) struct TargetShared {
     pub(crate) config: SrpTargetConfig,
     service_guid: u64,
     pub(crate) scsi: Arc<ScsiTarget>,
+    /// The key the LUN stores are registered under with `pd` (READs
+    /// gather straight from them); `None` when no store is.
+    pub(crate) store_key: Option<u64>,
     pub(crate) counters: Counters,
     pub(crate) switches: Switches,
     hostile: Mutex<Vec<HostileReport>>,
@@ -752,6 +755,11 @@ impl SrpTarget {
                 return Err(StartError::Verbs(e));
             }
         };
+        let store_key = if config.zero_copy_reads {
+            register_stores(&scsi, device.platform(), &pd, p)
+        } else {
+            None
+        };
         let shared = Arc::new(TargetShared {
             platform: device.platform().clone(),
             pd,
@@ -760,6 +768,7 @@ impl SrpTarget {
             config,
             service_guid,
             scsi,
+            store_key,
             counters: Counters::default(),
             switches: Switches::default(),
             hostile: Mutex::new(Vec::new()),
@@ -1032,6 +1041,17 @@ impl SrpTarget {
             !matches!(s.port.release(p), Err(CmError::Busy))
         });
         result = result.and(r);
+        // Every channel is gone, so no READ pins a chunk any more: the
+        // stores go back to the heap before the PD goes.
+        if let Some(key) = s.store_key {
+            for index in s.scsi.lun_indices() {
+                if let Some(lu) = s.scsi.lun(index) {
+                    if lu.store().detach_registration(key, p) > 0 {
+                        result = result.and(Err(StopError::Timeout("chunk pins")));
+                    }
+                }
+            }
+        }
         let _ = s.pd.dealloc(p);
         if self.own_device {
             s.device.close(p);
@@ -1050,6 +1070,24 @@ impl Drop for SrpTarget {
             let _ = self.shutdown(p, &mut || std::thread::sleep(Duration::from_millis(1)));
         });
     }
+}
+
+/// Registers every LUN's store with `pd` under one new key (see
+/// [`crate::scsi_target::store`]); the key if any store took it.
+fn register_stores(scsi: &ScsiTarget, platform: &Hp, pd: &Pd<Hp>, p: &Passive<'_>) -> Option<u64> {
+    let key = BlockStore::new_registration_key();
+    let mut any = false;
+    for index in scsi.lun_indices() {
+        if let Some(lu) = scsi.lun(index) {
+            // A store another target registered (or a failed registration)
+            // is served by copying.
+            any |= lu
+                .store()
+                .attach_registration(key, platform, pd, p)
+                .unwrap_or(false);
+        }
+    }
+    any.then_some(key)
 }
 
 /// The RAM-disk target of a configuration: LUN `i` is `config.luns[i]`,

@@ -23,6 +23,7 @@ use storport_srp::wire::srp::rsp::{Rsp, RspRepr};
 use kverbs::mr::Mr;
 
 use super::lane::{Credits, Lane, LaneOutcome};
+use crate::scsi_target::{BlockStore, DataInSink, Extent};
 
 /// A command's place in its channel's table: slot and generation (a
 /// completion for a command that is gone names a dead generation).
@@ -303,4 +304,64 @@ pub(crate) fn write_response(
     let _ = repr.emit(&mut Rsp::new_unchecked(&mut *iu));
     let _ = send_mr.mem().write(slot as usize * rsp_size, iu);
     len as u32
+}
+
+/// Where an `SRP_CMD`'s data-in goes, on the thread and in the lane: built
+/// answers into the command's staging buffer, and — when the target's
+/// stores are registered (`store_key`) — READ data as extents of the
+/// store's own chunks, pinned, for the RDMA WRITEs to gather from.
+pub(crate) struct SrpSink<'a> {
+    /// The staging buffer, if the command has one.
+    pub(crate) staging: Option<&'a Mr<HostPlatform>>,
+    /// Bytes written into it so far.
+    pub(crate) written: usize,
+    /// Take store data as extents under this registration key.
+    pub(crate) store_key: Option<u64>,
+    /// The extents taken (never grown past `max_extents`).
+    pub(crate) extents: &'a mut Vec<Extent>,
+    /// Most extents (the lane's vector has this capacity, so it never
+    /// allocates).
+    pub(crate) max_extents: usize,
+}
+
+impl DataInSink for SrpSink<'_> {
+    fn bytes(&mut self, piece: &[u8]) {
+        if let Some(mr) = self.staging {
+            let _ = mr.mem().write(self.written, piece);
+        }
+        self.written += piece.len();
+    }
+
+    fn store_range(
+        &mut self,
+        store: &BlockStore,
+        offset: u64,
+        len: u64,
+        nonblocking: bool,
+    ) -> bool {
+        let Some(key) = self.store_key else {
+            let mut sink = |piece: &[u8]| self.bytes(piece);
+            if nonblocking {
+                return store.try_read(offset, len, &mut sink);
+            }
+            store.read(offset, len, &mut sink);
+            return true;
+        };
+        let before = self.extents.len();
+        let max = self.max_extents;
+        let extents = &mut *self.extents;
+        let taken = store.read_extents(key, offset, len, nonblocking, &mut |extent| {
+            if extents.len() >= max {
+                return false;
+            }
+            extents.push(extent);
+            true
+        });
+        if taken.is_err() {
+            // Dropping them unpins the chunks.
+            self.extents.truncate(before);
+            return false;
+        }
+        true
+    }
 }

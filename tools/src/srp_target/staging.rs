@@ -7,7 +7,8 @@
 //! first use (the channel thread runs at `PASSIVE_LEVEL`, where registering
 //! is allowed). The channel's budget bounds what is registered in all —
 //! in use plus cached; a command that does not fit waits until others give
-//! memory back.
+//! memory back. READs served from the store's registered chunks need none
+//! (their WRITEs are cut by [`for_each_gather_piece`]).
 
 use hca_lowlevel::device::AccessFlags;
 use kverbs::error::VerbsError;
@@ -16,6 +17,8 @@ use kverbs::mr::Mr;
 use kverbs::pd::Pd;
 use kverbs::platform::host::HostPlatform;
 use storport_srp::wire::srp::DirectDesc;
+
+use crate::scsi_target::Extent;
 
 /// The smallest buffer handed out.
 const MIN_CLASS_SHIFT: u32 = 12;
@@ -203,6 +206,52 @@ pub(crate) fn for_each_piece(
     }
 }
 
+/// [`for_each_piece`] over data that lies in several registered extents
+/// (a READ served straight from the store's chunks): each work request is
+/// also cut where an extent ends, so it gathers from one extent with one
+/// SGE. `f(remote_addr, rkey, len, lkey, local_addr)` for each piece.
+/// Stops early (returning `false`) if the extents hold fewer bytes than
+/// the cut asks for.
+pub(crate) fn for_each_gather_piece(
+    descs: &[DirectDesc],
+    extents: &[Extent],
+    bytes: u32,
+    max: u32,
+    mut f: impl FnMut(u64, u32, u32, u32, u64),
+) -> bool {
+    let mut index = 0usize;
+    // Offset of extents[index] in the transfer.
+    let mut extent_start: u32 = 0;
+    let mut complete = true;
+    for_each_piece(descs, bytes, max, |remote_addr, rkey, local_off, len| {
+        let mut at = local_off;
+        let end = local_off + len;
+        while at < end && complete {
+            let Some(extent) = extents.get(index) else {
+                complete = false;
+                return;
+            };
+            let extent_end = extent_start + extent.len;
+            if at >= extent_end {
+                index += 1;
+                extent_start = extent_end;
+                continue;
+            }
+            let take = (end - at).min(extent_end - at);
+            let local = extent.addr + u64::from(at - extent_start);
+            f(
+                remote_addr + u64::from(at - local_off),
+                rkey,
+                take,
+                extent.lkey,
+                local,
+            );
+            at += take;
+        }
+    });
+    complete
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -242,6 +291,52 @@ mod tests {
             let total: u32 = pieces(&descs, bytes, 4096).iter().map(|p| p.len).sum();
             assert_eq!(total, bytes.min(13_000));
         }
+    }
+
+    #[test]
+    fn gather_pieces_cut_at_extent_ends_and_cover_every_byte() {
+        let ext = |addr, len| Extent {
+            addr,
+            lkey: (addr >> 20) as u32,
+            len,
+            pin: None,
+        };
+        // 10,000 + 3,000 bytes of remote buffers; local data in extents of
+        // 5,000, 100 and 7,900 bytes.
+        let descs = [d(0x1000, 7, 10_000), d(0x5000, 9, 3000)];
+        let extents = [
+            ext(0x10_0000, 5000),
+            ext(0x20_0000, 100),
+            ext(0x30_0000, 7900),
+        ];
+        let mut got = Vec::new();
+        assert!(for_each_gather_piece(
+            &descs,
+            &extents,
+            13_000,
+            4096,
+            |ra, rk, len, lk, la| got.push((ra, rk, len, lk, la))
+        ));
+        let expect = [
+            (0x1000, 7, 4096, 1, 0x10_0000),
+            (0x2000, 7, 904, 1, 0x10_0000 + 4096),
+            (0x2000 + 904, 7, 100, 2, 0x20_0000),
+            (0x2000 + 1004, 7, 3092, 3, 0x30_0000),
+            (0x3000, 7, 1808, 3, 0x30_0000 + 3092),
+            (0x5000, 9, 3000, 3, 0x30_0000 + 4900),
+        ];
+        assert_eq!(got, expect);
+        // Too few extent bytes: reported, never read past the last one.
+        let short = [ext(0x10_0000, 5000)];
+        let mut total = 0;
+        assert!(!for_each_gather_piece(
+            &descs,
+            &short,
+            13_000,
+            4096,
+            |_, _, len, _, _| total += len
+        ));
+        assert_eq!(total, 5000);
     }
 
     #[test]
