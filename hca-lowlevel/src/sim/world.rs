@@ -13,7 +13,7 @@
 
 use std::cell::{Cell, RefCell};
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap, HashMap, VecDeque};
+use std::collections::{BTreeMap, BinaryHeap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Instant;
@@ -518,7 +518,10 @@ impl Wire {
 
 pub(crate) struct World {
     pub hcas: Vec<Hca>,
-    pub gids: HashMap<Gid, usize>,
+    /// The fabric's ports by GID: an ordered map, a few 16-byte compares
+    /// per frame on a small fabric where a hashed one cost ~100
+    /// instructions of SipHash per frame.
+    pub gids: BTreeMap<Gid, usize>,
     wire: Wire,
     seq: u64,
     pub now: u64,
@@ -532,7 +535,7 @@ impl World {
     pub fn new(seed: u64) -> Self {
         Self {
             hcas: Vec::new(),
-            gids: HashMap::new(),
+            gids: BTreeMap::new(),
             wire: Wire::default(),
             seq: 0,
             now: 0,
