@@ -1,6 +1,11 @@
 //! The software HCA: a device model that executes what is posted on its
 //! rings, moves IBA transport packets (as RoCEv2 frames, ICRC included)
 //! across an in-process fabric, and completes work with the right CQEs.
+//! On a plain in-process link (no fault configuration, no capture, no
+//! Ethernet link) the data packets of SENDs and WRITEs go as headers and a
+//! reference to the sender's gathered payload, never written out
+//! ([`FabricStats::frames_direct`]); anything that looks at frames gets
+//! them in full.
 //!
 //! * [`Fabric`]: the world — any number of [`SoftHca`]s addressed by
 //!   IPv4-mapped GIDs, the links between them (with seeded fault injection),

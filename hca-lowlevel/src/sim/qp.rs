@@ -28,7 +28,7 @@ use crate::wqe::{
 use super::link::{roce_udp_src_port, rxe_udp_src_port};
 use super::mem::{DeviceMem, PhysMemory};
 use super::resources::{Cq, KeyError, Mr, check_key, mr_read, mr_write};
-use super::world::{Event, Outbox, Shared};
+use super::world::{Event, Outbox, Shared, SharedPayload};
 
 /// Request packets after which AckReq is set even mid-message (as rxe).
 const ACK_EVERY: u32 = 64;
@@ -92,8 +92,11 @@ struct SendOp {
     solicited: bool,
     imm: u32,
     /// The gathered data: `payload_len` bytes at the start of a buffer
-    /// that may be longer (a recycled one; see [`payload_buffer`]).
-    payload: Vec<u8>,
+    /// that may be longer (a recycled one; see [`payload_buffer`]), shared
+    /// with the frames that carry it by reference (see
+    /// [`super::world::DirectFrame`]). Gathered once, when the WQE is
+    /// fetched: retransmissions send the same bytes.
+    payload: Option<Arc<Vec<u8>>>,
     payload_len: usize,
     read_sges: HVec<DataSegRepr, MAX_SEND_SGE>,
     raddr: u64,
@@ -108,7 +111,9 @@ struct SendOp {
 
 impl Drop for SendOp {
     fn drop(&mut self) {
-        recycle_payload(std::mem::take(&mut self.payload));
+        if let Some(p) = self.payload.take() {
+            recycle_payload(p);
+        }
     }
 }
 
@@ -126,7 +131,7 @@ thread_local! {
     /// this thread gathers: a fresh zero-filled 128 KiB buffer per RDMA
     /// WRITE cost a memset and a page-faulting allocation for bytes the
     /// gather overwrites at once.
-    static PAYLOAD_POOL: std::cell::RefCell<Vec<Vec<u8>>> =
+    static PAYLOAD_POOL: std::cell::RefCell<Vec<Arc<Vec<u8>>>> =
         const { std::cell::RefCell::new(Vec::new()) };
 }
 
@@ -136,9 +141,12 @@ thread_local! {
 /// one that carried a 36-byte SRP response is still 128 KiB long for the
 /// next WRITE, and a gather takes a spare buffer that is long enough when
 /// there is one: only growing past a buffer's length zero-fills.
-fn payload_buffer(len: usize) -> Vec<u8> {
+///
+/// The buffer is not shared (the pool keeps only buffers no one else
+/// holds), so filling it through [`Arc::make_mut`] does not copy it.
+fn payload_buffer(len: usize) -> Arc<Vec<u8>> {
     if len <= PAYLOAD_POOL_MIN_BYTES {
-        return vec![0; len];
+        return Arc::new(vec![0; len]);
     }
     // The newest spare buffer long enough, else the newest one (grown).
     let mut buf = PAYLOAD_POOL
@@ -151,13 +159,19 @@ fn payload_buffer(len: usize) -> Vec<u8> {
         })
         .unwrap_or_default();
     if buf.len() < len {
-        buf.resize(len, 0);
+        Arc::make_mut(&mut buf).resize(len, 0);
     }
     buf
 }
 
-fn recycle_payload(buf: Vec<u8>) {
-    if buf.len() <= PAYLOAD_POOL_MIN_BYTES || buf.capacity() > PAYLOAD_POOL_MAX_BYTES {
+/// Returns a gather buffer to this thread's pool, if `buf` was its last
+/// holder (the send operation and the frames carrying it by reference each
+/// call this when they are done with it).
+pub(crate) fn recycle_payload(mut buf: Arc<Vec<u8>>) {
+    let Some(v) = Arc::get_mut(&mut buf) else {
+        return;
+    };
+    if v.len() <= PAYLOAD_POOL_MIN_BYTES || v.capacity() > PAYLOAD_POOL_MAX_BYTES {
         return;
     }
     PAYLOAD_POOL.with(|p| {
@@ -171,7 +185,18 @@ fn recycle_payload(buf: Vec<u8>) {
 impl SendOp {
     /// The gathered data of a SEND or WRITE.
     fn payload(&self) -> &[u8] {
-        self.payload.get(..self.payload_len).unwrap_or(&[])
+        self.payload
+            .as_deref()
+            .and_then(|p| p.get(..self.payload_len))
+            .unwrap_or(&[])
+    }
+
+    /// Bytes `range` of the gathered data, by reference.
+    fn shared_payload(&self, range: core::ops::Range<usize>) -> SharedPayload {
+        SharedPayload {
+            buf: self.payload.clone().unwrap_or_default(),
+            range: range.start.min(self.payload_len)..range.end.min(self.payload_len),
+        }
     }
 
     fn is_remote_rc(&self) -> bool {
@@ -598,7 +623,7 @@ impl Qp {
                 signaled: self.sq_sig_all,
                 solicited: false,
                 imm: 0,
-                payload: Vec::new(),
+                payload: None,
                 payload_len: 0,
                 read_sges: HVec::new(),
                 raddr: 0,
@@ -726,7 +751,7 @@ impl Qp {
             | SendOpcode::RdmaWriteImm => {
                 match gather(ctx, self.pd, &w.gather) {
                     Ok((p, n)) => {
-                        op.payload = p;
+                        op.payload = Some(p);
                         op.payload_len = n;
                     }
                     Err(s) => return fail(op, s),
@@ -803,13 +828,14 @@ impl Qp {
         }
         self.next_psn = self.next_psn.next();
         self.stats.packets_sent += 1;
-        ctx.out.send(
+        ctx.out.send_shared(
             ctx.local_gid,
             Gid(av.rgid),
             av.tclass,
             av.hop_limit,
             self.udp_src_port(),
             &pkt,
+            op.shared_payload(0..op.payload_len),
         );
         op.status = OpStatus::Done;
     }
@@ -942,8 +968,15 @@ impl Qp {
                 if h.contains(crate::wire::HeaderSet::IETH) {
                     pkt.ieth = Some(IethRepr { rkey: op.imm });
                 }
-                ctx.out
-                    .send(ctx.local_gid, dgid, tclass, hop, self.udp_src_port(), &pkt);
+                ctx.out.send_shared(
+                    ctx.local_gid,
+                    dgid,
+                    tclass,
+                    hop,
+                    self.udp_src_port(),
+                    &pkt,
+                    op.shared_payload(lo..hi),
+                );
                 sent += 1;
             }
         }
@@ -1946,9 +1979,9 @@ impl Qp {
 
 /// Gathers a send WQE's data into one buffer, checking every lkey; returns
 /// the buffer and how many bytes at its start are the data.
-fn gather(ctx: &Ctx<'_>, pd: u32, g: &Gather<'_>) -> Result<(Vec<u8>, usize), Syndrome> {
+fn gather(ctx: &Ctx<'_>, pd: u32, g: &Gather<'_>) -> Result<(Arc<Vec<u8>>, usize), Syndrome> {
     match g {
-        Gather::Inline(b) => Ok((b.to_vec(), b.len())),
+        Gather::Inline(b) => Ok((Arc::new(b.to_vec()), b.len())),
         Gather::Sges(sges) => {
             let total: u64 = sges.iter().map(|s| u64::from(s.byte_count)).sum();
             if total > 1 << 31 {
@@ -1956,7 +1989,8 @@ fn gather(ctx: &Ctx<'_>, pd: u32, g: &Gather<'_>) -> Result<(Vec<u8>, usize), Sy
             }
             // Every byte of `..total` is written below (the byte counts sum
             // to `total`), or the buffer is dropped with the error.
-            let mut out = payload_buffer(total as usize);
+            let mut shared = payload_buffer(total as usize);
+            let out = Arc::make_mut(&mut shared);
             let mut at = 0usize;
             for s in sges {
                 if s.byte_count == 0 {
@@ -1977,7 +2011,7 @@ fn gather(ctx: &Ctx<'_>, pd: u32, g: &Gather<'_>) -> Result<(Vec<u8>, usize), Sy
                 mr_read(ctx.mem, mr, s.addr, dst).map_err(key_syndrome)?;
                 at += n;
             }
-            Ok((out, at))
+            Ok((shared, at))
         }
     }
 }

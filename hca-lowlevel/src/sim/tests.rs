@@ -2089,6 +2089,9 @@ fn corruption_is_caught_by_the_icrc() {
 /// The ICRC is trusted (computed once, at emit) only on an in-process link
 /// with no fault configuration and no capture; a configured link, even one
 /// whose faults are all zero, and a running capture keep the full check.
+/// On such a plain link the data packets go by reference to the sender's
+/// gathered payload (never written out); everywhere else every frame is
+/// real bytes, and a capture holds frames whose ICRC verifies.
 #[test]
 fn icrc_is_trusted_only_on_a_plain_in_process_link() {
     let run = |setup: &dyn Fn(&Fabric, &Node, &Node)| {
@@ -2104,17 +2107,38 @@ fn icrc_is_trusted_only_on_a_plain_in_process_link() {
         let s = f.stats();
         let delivered = s.frames_delivered - before.frames_delivered;
         assert!(delivered >= 8, "{s:?}");
-        (delivered, s.icrc_trusted - before.icrc_trusted)
+        (
+            delivered,
+            s.icrc_trusted - before.icrc_trusted,
+            s.frames_direct - before.frames_direct,
+            f,
+        )
     };
-    let (delivered, trusted) = run(&|_, _, _| {});
+    let (delivered, trusted, direct, _) = run(&|_, _, _| {});
     assert_eq!(trusted, delivered);
-    let (_, trusted) = run(&|f, a, b| {
+    // 4 SENDs of 9000 bytes at MTU 1024: 9 data packets each, by
+    // reference; the ACKs are written out.
+    assert_eq!(direct, 36);
+    let (_, trusted, direct, _) = run(&|f, a, b| {
         f.set_link_faults(&a.hca, &b.hca, FaultConfig::default());
         f.set_link_faults(&b.hca, &a.hca, FaultConfig::default());
     });
-    assert_eq!(trusted, 0);
-    let (_, trusted) = run(&|f, _, _| f.set_capture(true));
-    assert_eq!(trusted, 0);
+    assert_eq!((trusted, direct), (0, 0));
+    let (delivered, trusted, direct, f) = run(&|f, _, _| f.set_capture(true));
+    assert_eq!((trusted, direct), (0, 0));
+    let captured = f.take_captured();
+    assert_eq!(captured.len() as u64, delivered);
+    let payload: usize = captured
+        .iter()
+        .map(|c| {
+            RoceV2FrameRepr::parse(&c.bytes)
+                .unwrap()
+                .packet
+                .payload
+                .len()
+        })
+        .sum();
+    assert_eq!(payload, 36_000);
 }
 
 #[test]

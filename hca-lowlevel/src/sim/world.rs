@@ -13,7 +13,7 @@
 
 use std::cell::{Cell, RefCell};
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap, HashMap, VecDeque};
+use std::collections::{BTreeMap, BinaryHeap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Instant;
@@ -26,7 +26,7 @@ use crate::wire::{
 use super::fault::{FaultConfig, Faults};
 use super::link::{Delivery, EthLink};
 use super::mem::PhysMemory;
-use super::qp::{Ctx, Qp};
+use super::qp::{Ctx, Qp, recycle_payload};
 use super::resources::{Cq, CqShared, Mr};
 
 /// How the device model runs.
@@ -47,10 +47,104 @@ pub(crate) enum Event {
     Async(Arc<dyn AsyncEventHandler>, AsyncEvent),
 }
 
+/// A slice of a send operation's gathered data, shared with it: the
+/// payload of a frame sent by reference ([`Outbox::send_shared`]).
+pub(crate) struct SharedPayload {
+    pub buf: Arc<Vec<u8>>,
+    pub range: core::ops::Range<usize>,
+}
+
+impl SharedPayload {
+    fn bytes(&self) -> &[u8] {
+        self.buf.get(self.range.clone()).unwrap_or(&[])
+    }
+}
+
+/// A frame not yet written out: its headers, and its payload by reference
+/// to the sender's gathered data. On a plain in-process link (no fault
+/// configuration, no capture, no Ethernet link: where the ICRC is already
+/// trusted) it is delivered as it is, so the receiver places the payload
+/// straight from the sender's gather buffer: no frame copy and no ICRC.
+/// Everywhere else it is written out first ([`Frame::into_bytes`]), byte
+/// for byte the frame [`Outbox::send`] would have built.
+pub(crate) struct DirectFrame {
+    /// The frame's headers; its packet's payload is empty (it is
+    /// `payload`).
+    headers: RoceV2FrameRepr<'static>,
+    payload: SharedPayload,
+}
+
+impl DirectFrame {
+    /// The frame as its parser would return it.
+    fn repr(&self) -> RoceV2FrameRepr<'_> {
+        let mut frame: RoceV2FrameRepr<'_> = self.headers;
+        frame.packet.payload = self.payload.bytes();
+        frame
+    }
+}
+
+/// A frame handed to the fabric.
+pub(crate) enum Frame {
+    /// A RoCEv2 frame, ICRC included.
+    Bytes(Vec<u8>),
+    /// Headers and a payload by reference (see [`DirectFrame`]).
+    Direct(DirectFrame),
+}
+
+impl Frame {
+    /// The frame's bytes: a direct frame is emitted now (`None` if the
+    /// emitter rejects it, which [`Outbox::send_shared`] rules out before).
+    fn into_bytes(self) -> Option<Vec<u8>> {
+        match self {
+            Frame::Bytes(b) => Some(b),
+            Frame::Direct(d) => emit_frame(&d.repr()),
+        }
+    }
+
+    /// Gives the frame's buffer back to its pool.
+    fn recycle(self) {
+        match self {
+            Frame::Bytes(b) => recycle_frame(b),
+            // The gather buffer goes back to its pool if this frame was
+            // its last holder (the send operation completed first).
+            Frame::Direct(d) => recycle_payload(d.payload.buf),
+        }
+    }
+}
+
+/// The headers of `pkt`, with no payload.
+fn headers_only(pkt: &IbPacketRepr<'_>) -> IbPacketRepr<'static> {
+    IbPacketRepr {
+        bth: pkt.bth,
+        rdeth: pkt.rdeth,
+        deth: pkt.deth,
+        feth: pkt.feth,
+        reth: pkt.reth,
+        atomic_eth: pkt.atomic_eth,
+        aeth: pkt.aeth,
+        atomic_ack_eth: pkt.atomic_ack_eth,
+        immdt: pkt.immdt,
+        ieth: pkt.ieth,
+        payload: &[],
+    }
+}
+
+/// `frame` written out into a pooled buffer, or `None` (the buffer back in
+/// the pool) if the emitter rejects it.
+fn emit_frame(frame: &RoceV2FrameRepr<'_>) -> Option<Vec<u8>> {
+    let mut buf = frame_buffer(frame);
+    if frame.emit(&mut buf).is_ok() {
+        Some(buf)
+    } else {
+        recycle_frame(buf);
+        None
+    }
+}
+
 /// What one engine step produces besides state changes.
 #[derive(Default)]
 pub(crate) struct Outbox {
-    pub frames: Vec<(Gid, Vec<u8>)>,
+    pub frames: Vec<(Gid, Frame)>,
     pub events: Vec<Event>,
     pub unroutable: u64,
 }
@@ -59,6 +153,36 @@ fn mac_of(ip: Ipv4Address) -> EthernetAddress {
     let [a, b, c, d] = ip.0;
     EthernetAddress([0x02, 0x00, a, b, c, d])
 }
+
+/// The RoCEv2 framing of `pkt` (IPv4-mapped GIDs), or `None` if a GID is
+/// not IPv4-mapped.
+fn roce_frame<'a>(
+    src: Gid,
+    dst: Gid,
+    tos: u8,
+    ttl: u8,
+    udp_src_port: u16,
+    pkt: IbPacketRepr<'a>,
+) -> Option<RoceV2FrameRepr<'a>> {
+    let (src_ip, dst_ip) = (src.to_ipv4()?, dst.to_ipv4()?);
+    Some(RoceV2FrameRepr {
+        src_mac: mac_of(src_ip),
+        dst_mac: mac_of(dst_ip),
+        src_ip,
+        dst_ip,
+        tos,
+        ttl,
+        ident: 0,
+        dont_fragment: true,
+        udp_src_port,
+        packet: pkt,
+    })
+}
+
+/// Payloads up to this size go by reference ([`Outbox::send_shared`]):
+/// every MTU. (Bigger ones cannot occur; they would take the byte path,
+/// whose emitter has the final word on the IPv4 length limit.)
+const DIRECT_MAX_PAYLOAD: usize = 4096;
 
 impl Outbox {
     /// Frames `pkt` as RoCEv2 (IPv4-mapped GIDs) and queues it.
@@ -71,29 +195,42 @@ impl Outbox {
         udp_src_port: u16,
         pkt: &IbPacketRepr<'_>,
     ) {
-        let (Some(src_ip), Some(dst_ip)) = (src.to_ipv4(), dst.to_ipv4()) else {
+        let Some(frame) = roce_frame(src, dst, tos, ttl, udp_src_port, *pkt) else {
             self.unroutable += 1;
             return;
         };
-        let frame = RoceV2FrameRepr {
-            src_mac: mac_of(src_ip),
-            dst_mac: mac_of(dst_ip),
-            src_ip,
-            dst_ip,
-            tos,
-            ttl,
-            ident: 0,
-            dont_fragment: true,
-            udp_src_port,
-            packet: *pkt,
-        };
-        let mut buf = frame_buffer(&frame);
-        if frame.emit(&mut buf).is_ok() {
-            self.frames.push((dst, buf));
-        } else {
-            recycle_frame(buf);
-            self.unroutable += 1;
+        match emit_frame(&frame) {
+            Some(buf) => self.frames.push((dst, Frame::Bytes(buf))),
+            None => self.unroutable += 1,
         }
+    }
+
+    /// As [`Self::send`], with `payload` as the packet's payload (whatever
+    /// `pkt.payload` is), kept by reference: the frame is written out only
+    /// if its link needs bytes (see [`DirectFrame`]). A packet the emitter
+    /// would reject takes [`Self::send`], so it meets the same fate.
+    #[expect(clippy::too_many_arguments, reason = "send's, and the payload")]
+    pub fn send_shared(
+        &mut self,
+        src: Gid,
+        dst: Gid,
+        tos: u8,
+        ttl: u8,
+        udp_src_port: u16,
+        pkt: &IbPacketRepr<'_>,
+        payload: SharedPayload,
+    ) {
+        let mut full = *pkt;
+        full.payload = payload.bytes();
+        if full.check().is_err() || full.payload.len() > DIRECT_MAX_PAYLOAD {
+            return self.send(src, dst, tos, ttl, udp_src_port, &full);
+        }
+        let Some(headers) = roce_frame(src, dst, tos, ttl, udp_src_port, headers_only(pkt)) else {
+            self.unroutable += 1;
+            return;
+        };
+        self.frames
+            .push((dst, Frame::Direct(DirectFrame { headers, payload })));
     }
 }
 
@@ -194,6 +331,10 @@ pub struct FabricStats {
     /// fault configuration and no capture (the ICRC is computed once, at
     /// emit). Every other frame is verified in full.
     pub icrc_trusted: u64,
+    /// Of those, frames delivered as headers and a reference to the
+    /// sender's gathered payload, never written out (so with no ICRC at
+    /// all): the receiver's placement is the one copy of their payload.
+    pub frames_direct: u64,
     /// Frames to an unknown GID, a port that is down, or no such QP.
     pub dropped_unroutable: u64,
 }
@@ -287,7 +428,6 @@ impl Hca {
     }
 }
 
-#[derive(PartialEq, Eq, PartialOrd, Ord)]
 struct InFlight {
     at: u64,
     seq: u64,
@@ -297,7 +437,25 @@ struct InFlight {
     /// its ICRC was computed over these bytes at emit and is not recomputed
     /// at delivery. Every other frame is verified in full.
     unaltered: bool,
-    frame: Vec<u8>,
+    frame: Frame,
+}
+
+// Frames are ordered by `(at, seq)` alone (`seq` is unique).
+impl PartialEq for InFlight {
+    fn eq(&self, other: &Self) -> bool {
+        (self.at, self.seq) == (other.at, other.seq)
+    }
+}
+impl Eq for InFlight {}
+impl PartialOrd for InFlight {
+    fn partial_cmp(&self, other: &Self) -> Option<core::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for InFlight {
+    fn cmp(&self, other: &Self) -> core::cmp::Ordering {
+        (self.at, self.seq).cmp(&(other.at, other.seq))
+    }
 }
 
 /// The frames in flight, delivered in `(at, seq)` order. Most frames are
@@ -360,7 +518,10 @@ impl Wire {
 
 pub(crate) struct World {
     pub hcas: Vec<Hca>,
-    pub gids: HashMap<Gid, usize>,
+    /// The fabric's ports by GID: an ordered map, a few 16-byte compares
+    /// per frame on a small fabric where a hashed one cost ~100
+    /// instructions of SipHash per frame.
+    pub gids: BTreeMap<Gid, usize>,
     wire: Wire,
     seq: u64,
     pub now: u64,
@@ -374,7 +535,7 @@ impl World {
     pub fn new(seed: u64) -> Self {
         Self {
             hcas: Vec::new(),
-            gids: HashMap::new(),
+            gids: BTreeMap::new(),
             wire: Wire::default(),
             seq: 0,
             now: 0,
@@ -389,16 +550,30 @@ impl World {
     pub fn absorb(&mut self, src: usize, out: Outbox) {
         self.stats.dropped_unroutable += out.unroutable;
         self.events.extend(out.events);
-        for (dst_gid, frame) in out.frames {
+        for (dst_gid, mut frame) in out.frames {
             self.stats.frames_sent += 1;
-            if let Some(c) = &mut self.capture {
+            let on_link = self.hcas.get(src).is_some_and(|h| h.link.is_some());
+            if self.capture.is_some() || on_link {
+                // A capture and an Ethernet link see the real frame.
+                match frame.into_bytes() {
+                    Some(b) => frame = Frame::Bytes(b),
+                    None => {
+                        self.stats.dropped_unroutable += 1;
+                        continue;
+                    }
+                }
+            }
+            if let (Some(c), Frame::Bytes(bytes)) = (&mut self.capture, &frame) {
                 c.push(CapturedFrame {
                     at_ns: self.now,
-                    bytes: frame.clone(),
+                    bytes: bytes.clone(),
                 });
             }
             if let Some(h) = self.hcas.get_mut(src) {
                 if let Some(link) = h.link.as_mut() {
+                    let Frame::Bytes(frame) = frame else {
+                        continue;
+                    };
                     match dst_gid.to_ipv4() {
                         Some(ip) if h.port_state == PortState::Active => {
                             link.transmit(self.now, ip, frame);
@@ -425,6 +600,28 @@ impl World {
             // running carries the emitter's ICRC as verified: any injector
             // (even one that only delays) and any capture keep the full check.
             let unaltered = self.capture.is_none() && !self.faults.configured(src, dst);
+            let frame = match frame {
+                // Only such a link takes a frame by reference: every fault
+                // injector works on (and every capture records) bytes.
+                Frame::Direct(_) if unaltered => {
+                    self.seq += 1;
+                    self.wire.push(InFlight {
+                        at: self.now,
+                        seq: self.seq,
+                        dst,
+                        unaltered,
+                        frame,
+                    });
+                    continue;
+                }
+                frame => match frame.into_bytes() {
+                    Some(b) => b,
+                    None => {
+                        self.stats.dropped_unroutable += 1;
+                        continue;
+                    }
+                },
+            };
             for (delay, bytes) in self.faults.apply(src, dst, frame, &mut self.stats) {
                 self.seq += 1;
                 self.wire.push(InFlight {
@@ -432,7 +629,7 @@ impl World {
                     seq: self.seq,
                     dst,
                     unaltered,
-                    frame: bytes,
+                    frame: Frame::Bytes(bytes),
                 });
             }
         }
@@ -441,7 +638,17 @@ impl World {
     /// Parses a RoCEv2 frame (ICRC included, unless `unaltered`: see
     /// [`InFlight::unaltered`]) and hands it to the QP it names on HCA
     /// `dst`; says what became of it.
-    fn deliver(&mut self, dst: usize, frame: &[u8], unaltered: bool) -> Delivery {
+    fn deliver(&mut self, dst: usize, frame: &Frame, unaltered: bool) -> Delivery {
+        let bytes = match frame {
+            Frame::Bytes(b) => b,
+            Frame::Direct(d) => {
+                // Never written out, so there is no ICRC to check.
+                self.stats.icrc_trusted += 1;
+                self.stats.frames_direct += 1;
+                return self.deliver_parsed(dst, &d.repr());
+            }
+        };
+        let frame = bytes.as_slice();
         let parsed = if unaltered {
             self.stats.icrc_trusted += 1;
             RoceV2FrameRepr::parse_emitted_in_process(frame)
@@ -459,6 +666,11 @@ impl World {
                 return Delivery::Malformed;
             }
         };
+        self.deliver_parsed(dst, &parsed)
+    }
+
+    /// Hands a parsed frame to the QP it names on HCA `dst`.
+    fn deliver_parsed(&mut self, dst: usize, parsed: &RoceV2FrameRepr<'_>) -> Delivery {
         let now = self.now;
         let Some(hca) = self.hcas.get_mut(dst) else {
             return Delivery::Unroutable;
@@ -512,7 +724,7 @@ impl World {
                 .and_then(|h| h.link.as_mut())
                 .is_some_and(|l| l.receive(now, &frame));
             if roce {
-                let outcome = self.deliver(i, &frame, false);
+                let outcome = self.deliver(i, &Frame::Bytes(frame), false);
                 if let Some(l) = self.hcas.get_mut(i).and_then(|h| h.link.as_mut()) {
                     l.delivered(outcome);
                 }
@@ -537,7 +749,7 @@ impl World {
         }
         while let Some(f) = self.wire.pop_due(now) {
             self.deliver(f.dst, &f.frame, f.unaltered);
-            recycle_frame(f.frame);
+            f.frame.recycle();
             progress = true;
         }
         for i in 0..self.hcas.len() {
@@ -833,5 +1045,100 @@ impl Shared {
             return;
         }
         drop(self.delivery.lock().unwrap_or_else(PoisonError::into_inner));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::{AethRepr, BthRepr, ImmDtRepr, Opcode, Operation, Psn, Qpn, RethRepr};
+
+    fn gid(last: u8) -> Gid {
+        Gid::from_ipv4(Ipv4Address([10, 0, 0, last]))
+    }
+
+    fn bth(operation: Operation) -> BthRepr {
+        BthRepr {
+            opcode: Opcode::new(Transport::Rc, operation).unwrap(),
+            solicited: true,
+            mig_req: false,
+            pkey: 0xffff,
+            fecn: false,
+            becn: false,
+            dest_qp: Qpn::from_low_bits(0x12_3456),
+            ack_req: true,
+            psn: Psn::from_low_bits(0xff_fffe),
+        }
+    }
+
+    /// A frame sent by reference is, written out, byte for byte the frame
+    /// `send` writes, and its bytes (ICRC verified) parse to the packet
+    /// the receiver gets by reference; packets the emitter rejects take
+    /// the byte path and are dropped as before.
+    #[test]
+    fn a_direct_frame_is_the_frame_the_emitter_writes() {
+        let data: Vec<u8> = (0..4200u32).map(|i| (i * 7 + 3) as u8).collect();
+        let buf = Arc::new(data);
+        let reth = RethRepr {
+            va: 0x1234_5678_9abc,
+            rkey: 0x55aa_0102,
+            dma_len: 9001,
+        };
+        let mut first = IbPacketRepr::new(bth(Operation::RdmaWriteFirst), &[]);
+        first.reth = Some(reth);
+        let mut last_imm = IbPacketRepr::new(bth(Operation::RdmaWriteLastWithImmediate), &[]);
+        last_imm.immdt = Some(ImmDtRepr { data: 0xdead_beef });
+        let cases = [
+            (first, 0..1024),
+            (
+                IbPacketRepr::new(bth(Operation::RdmaWriteMiddle), &[]),
+                5..1029,
+            ),
+            (last_imm, 3..4),
+            (IbPacketRepr::new(bth(Operation::SendOnly), &[]), 0..0),
+            (IbPacketRepr::new(bth(Operation::SendLast), &[]), 7..4103),
+        ];
+        for (pkt, range) in cases {
+            let mut direct = Outbox::default();
+            let shared = SharedPayload {
+                buf: buf.clone(),
+                range: range.clone(),
+            };
+            direct.send_shared(gid(1), gid(2), 3, 64, 0xc000, &pkt, shared);
+            let mut full = pkt;
+            full.payload = &buf[range.clone()];
+            let mut bytes = Outbox::default();
+            bytes.send(gid(1), gid(2), 3, 64, 0xc000, &full);
+            let (Some((dg, Frame::Direct(d))), Some((bg, Frame::Bytes(b)))) =
+                (direct.frames.pop(), bytes.frames.pop())
+            else {
+                panic!("one direct frame and one byte frame expected");
+            };
+            assert_eq!((dg, bg), (gid(2), gid(2)));
+            let parsed = RoceV2FrameRepr::parse(&b).unwrap();
+            assert_eq!(parsed, d.repr(), "{range:?}");
+            assert_eq!(d.repr().packet, full);
+            assert_eq!(Frame::Direct(d).into_bytes().unwrap(), b, "{range:?}");
+        }
+        // An ACK with a payload is rejected by the emitter: no frame.
+        let mut ack = IbPacketRepr::new(bth(Operation::Acknowledge), &[]);
+        ack.aeth = Some(AethRepr {
+            syndrome: crate::wire::AethSyndrome::Ack(crate::wire::CreditCount::INVALID),
+            msn: crate::wire::Msn::from_low_bits(1),
+        });
+        let mut out = Outbox::default();
+        let shared = SharedPayload {
+            buf: buf.clone(),
+            range: 0..8,
+        };
+        out.send_shared(gid(1), gid(2), 0, 64, 0xc000, &ack, shared);
+        assert!(out.frames.is_empty());
+        assert_eq!(out.unroutable, 1);
+        // A GID that is not IPv4-mapped is unroutable either way.
+        let shared = SharedPayload { buf, range: 0..8 };
+        let pkt = IbPacketRepr::new(bth(Operation::SendOnly), &[]);
+        out.send_shared(gid(1), Gid([0xfe; 16]), 0, 64, 0xc000, &pkt, shared);
+        assert!(out.frames.is_empty());
+        assert_eq!(out.unroutable, 2);
     }
 }
