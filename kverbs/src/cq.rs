@@ -50,7 +50,9 @@ use hca_lowlevel::ring::CqRing;
 
 use crate::device::{AsyncTarget, Device, DeviceInner, TargetId};
 use crate::drain::DrainOutcome;
-use crate::drain::{ArmOutcome, Budget, CompletionHandler, CompletionSource, DpcDrainer, Polled};
+use crate::drain::{
+    ArmOutcome, Budget, CompletionHandler, CompletionSource, DpcDrainer, PollBatch, Polled,
+};
 use crate::error::VerbsError;
 use crate::interrupt::enter_dispatch;
 use crate::irql::{AnyIrql, Dispatch, LeDispatch, Passive};
@@ -217,7 +219,7 @@ impl<P: Platform, C: Send + 'static> CqCore<P, C> {
 impl<P: Platform, C: Send + 'static> CompletionSource for CqCore<P, C> {
     type Completion = CqItem<P, C>;
 
-    fn poll<const N: usize>(&self, out: &mut heapless::Vec<CqItem<P, C>, N>, _irql: &Dispatch<'_>) {
+    fn poll(&self, out: &mut PollBatch<CqItem<P, C>>, _irql: &Dispatch<'_>) {
         let Some(claim) = self.claim() else { return };
         let start = self.ci.load(Ordering::Relaxed);
         // The ring's words looked up once for the whole batch.

@@ -45,6 +45,9 @@ use core::fmt;
 use alloc::boxed::Box;
 use alloc::sync::{Arc, Weak};
 
+mod batch;
+pub use batch::PollBatch;
+
 use crate::irql::{Dispatch, LeDispatch, Passive};
 use crate::platform::{AllocError, DpcTarget, Platform, RawDpc, Ticks};
 use crate::sync::atomic::{AtomicUsize, Ordering};
@@ -75,7 +78,8 @@ pub trait CompletionSource {
     /// One completion (a work completion).
     type Completion;
 
-    /// Moves up to `out`'s free capacity of completions into `out`.
+    /// Moves up to `out`'s free capacity of completions into `out` (it is
+    /// empty when the drain loop calls), in the order they completed.
     ///
     /// Filling less than the capacity means the source was empty at some
     /// point during the call: the drain loop then goes on to arm without
@@ -85,11 +89,7 @@ pub trait CompletionSource {
     /// # IRQL
     ///
     /// `DISPATCH_LEVEL`; must not block.
-    fn poll<const N: usize>(
-        &self,
-        out: &mut heapless::Vec<Self::Completion, N>,
-        irql: &Dispatch<'_>,
-    );
+    fn poll(&self, out: &mut PollBatch<Self::Completion>, irql: &Dispatch<'_>);
 
     /// Requests an event for the next completion, reporting whether some may
     /// have been missed since the last poll.
@@ -141,33 +141,33 @@ pub trait CompletionHandler<C> {
 /// The completions of one poll, yielded in poll order (see
 /// [`CompletionHandler::on_batch`]).
 pub struct Polled<'a, C> {
-    /// Reversed: the next completion is the last element.
-    reversed: &'a mut heapless::Vec<C, POLL_BATCH>,
+    batch: &'a mut PollBatch<C>,
 }
 
 impl<C> Polled<'_, C> {
     /// Completions not yet taken.
     pub fn remaining(&self) -> usize {
-        self.reversed.len()
+        self.batch.len()
     }
 }
 
 impl<C> Iterator for Polled<'_, C> {
     type Item = C;
 
+    #[inline]
     fn next(&mut self) -> Option<C> {
-        self.reversed.pop()
+        self.batch.take()
     }
 
     fn size_hint(&self) -> (usize, Option<usize>) {
-        (self.reversed.len(), Some(self.reversed.len()))
+        (self.batch.len(), Some(self.batch.len()))
     }
 }
 
 impl<C> fmt::Debug for Polled<'_, C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Polled")
-            .field("remaining", &self.reversed.len())
+            .field("remaining", &self.batch.len())
             .finish()
     }
 }
@@ -292,7 +292,7 @@ impl DrainLoop {
         let mut clock: Option<Ticks> = None;
         let mut delivering_polls = 0u32;
         let mut delivered = 0usize;
-        let mut batch: heapless::Vec<S::Completion, POLL_BATCH> = heapless::Vec::new();
+        let mut batch: PollBatch<S::Completion> = PollBatch::new();
         loop {
             // Clear NOTIFIED before polling: a notification from here on
             // means "poll again", and this poll covers everything before.
@@ -348,26 +348,23 @@ impl DrainLoop {
 fn deliver<S, H>(
     source: &S,
     handler: &H,
-    batch: &mut heapless::Vec<S::Completion, POLL_BATCH>,
+    batch: &mut PollBatch<S::Completion>,
     irql: &Dispatch<'_>,
 ) -> usize
 where
     S: CompletionSource + ?Sized,
     H: CompletionHandler<S::Completion> + ?Sized,
 {
-    batch.clear();
+    // `batch` is empty here: every poll's completions are all taken below.
     source.poll(batch, irql);
     let polled = batch.len();
     // Deliver in poll order, leaving `batch` empty for the next poll: one
-    // move per completion (reversed, then popped), not a move of the whole
-    // batch buffer per poll (`mem::take` copied all POLL_BATCH slots, even
-    // for an empty poll).
-    batch.reverse();
+    // move per completion, out of its slot.
     if polled > 0 {
-        handler.on_batch(&mut Polled { reversed: batch }, irql);
-    }
-    while let Some(completion) = batch.pop() {
-        handler.on_completion(completion, irql);
+        handler.on_batch(&mut Polled { batch }, irql);
+        while let Some(completion) = batch.take() {
+            handler.on_completion(completion, irql);
+        }
     }
     polled
 }
