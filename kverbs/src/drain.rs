@@ -372,20 +372,66 @@ where
 /// A drain loop bound to a source, a handler and a DPC: the shape the CQ
 /// uses. Completion events call [`DpcDrainer::notify`]; the DPC drains under
 /// the budget and requeues itself; callers may also drain inline.
+///
+/// # The DPC routine and the drainer's lifetime
+///
+/// The routine holds a strong reference to the drain state (the loop, the
+/// source, the handler: [`DrainCore`]) and a weak one to the drainer, which
+/// it reads but does not upgrade on every run (a compare-exchange and a
+/// release per round): the drainer owns the DPC, the DPC's routine keeps
+/// the state alive, and nothing owns the drainer back. When the last owner
+/// drops the drainer, a routine still queued finds the weak reference
+/// dead and does nothing, as before; one already running finishes its pass
+/// on the state it holds (alive until the platform frees the routine,
+/// which is after it returns). The weak reference is upgraded only to
+/// requeue the DPC when the budget runs out.
 pub struct DpcDrainer<P: Platform, S, H> {
+    core: Arc<DrainCore<P, S, H>>,
+    dpc: Option<P::Dpc>,
+}
+
+/// What a [`DpcDrainer`]'s DPC routine drains with (see
+/// [`DpcDrainer`]'s lifetime notes).
+struct DrainCore<P: Platform, S, H> {
     drain: DrainLoop,
     source: S,
     handler: H,
     budget: Budget,
-    dpc: Option<P::Dpc>,
+    /// The drainer, to requeue its DPC when the budget runs out; dead once
+    /// the last owner dropped it.
+    owner: Weak<DpcDrainer<P, S, H>>,
 }
 
 impl<P: Platform, S, H> fmt::Debug for DpcDrainer<P, S, H> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("DpcDrainer")
-            .field("drain", &self.drain)
-            .field("budget", &self.budget)
+            .field("drain", &self.core.drain)
+            .field("budget", &self.core.budget)
             .finish_non_exhaustive()
+    }
+}
+
+impl<P, S, H> DrainCore<P, S, H>
+where
+    P: Platform,
+    S: CompletionSource + Send + Sync + 'static,
+    H: CompletionHandler<S::Completion> + Send + Sync + 'static,
+{
+    /// The DPC routine's pass.
+    fn run_dpc(&self, irql: &Dispatch<'_>) {
+        // The owner dropped the drainer: nothing more to deliver to (a
+        // load, not an upgrade; see `DpcDrainer`).
+        if self.owner.strong_count() == 0 {
+            return;
+        }
+        let outcome = self
+            .drain
+            .run(&self.source, &self.handler, self.budget, P::now, irql);
+        if let DrainOutcome::BudgetExhausted { .. } = outcome {
+            if let Some(owner) = self.owner.upgrade() {
+                owner.queue_dpc();
+            }
+        }
     }
 }
 
@@ -409,25 +455,22 @@ where
         irql: &Passive<'_>,
     ) -> Result<Arc<Self>, AllocError> {
         let this = Arc::new_cyclic(|weak: &Weak<Self>| {
-            let weak = weak.clone();
-            let dpc = platform
-                .new_dpc(
-                    Box::new(move |d: &Dispatch<'_>| {
-                        if let Some(this) = weak.upgrade() {
-                            this.run_dpc(d);
-                        }
-                    }),
-                    target,
-                    irql,
-                )
-                .ok();
-            DpcDrainer {
+            let core = Arc::new(DrainCore {
                 drain: DrainLoop::new(),
                 source,
                 handler,
                 budget,
-                dpc,
-            }
+                owner: weak.clone(),
+            });
+            let routine_core = Arc::clone(&core);
+            let dpc = platform
+                .new_dpc(
+                    Box::new(move |d: &Dispatch<'_>| routine_core.run_dpc(d)),
+                    target,
+                    irql,
+                )
+                .ok();
+            DpcDrainer { core, dpc }
         });
         if this.dpc.is_none() {
             return Err(AllocError);
@@ -442,7 +485,7 @@ where
     ///
     /// Any.
     pub fn notify(&self) {
-        if self.drain.notify() {
+        if self.core.drain.notify() {
             self.queue_dpc();
         }
     }
@@ -457,8 +500,9 @@ where
     /// <= `DISPATCH_LEVEL`.
     pub fn drain_inline(&self, budget: Budget, irql: &impl LeDispatch) -> DrainOutcome {
         let outcome = with_dispatch::<P, _, _>(irql, |d| {
-            self.drain
-                .run(&self.source, &self.handler, budget, P::now, d)
+            let core = &*self.core;
+            core.drain
+                .run(&core.source, &core.handler, budget, P::now, d)
         });
         if let DrainOutcome::BudgetExhausted { .. } = outcome {
             self.queue_dpc();
@@ -468,26 +512,17 @@ where
 
     /// The completion source.
     pub fn source(&self) -> &S {
-        &self.source
+        &self.core.source
     }
 
     /// The completion handler.
     pub fn handler(&self) -> &H {
-        &self.handler
+        &self.core.handler
     }
 
     /// The underlying state machine.
     pub fn drain_loop(&self) -> &DrainLoop {
-        &self.drain
-    }
-
-    fn run_dpc(&self, irql: &Dispatch<'_>) {
-        let outcome = self
-            .drain
-            .run(&self.source, &self.handler, self.budget, P::now, irql);
-        if let DrainOutcome::BudgetExhausted { .. } = outcome {
-            self.queue_dpc();
-        }
+        &self.core.drain
     }
 
     fn queue_dpc(&self) {
