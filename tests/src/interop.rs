@@ -255,6 +255,9 @@ pub struct InteropConfig {
     pub pcap: Option<PathBuf>,
     /// How long to wait for the login.
     pub live_timeout: Duration,
+    /// Whether starting waits for the login at all: off for a login that
+    /// is meant to fail, whose stack the test then inspects.
+    pub wait_live: bool,
 }
 
 impl Default for InteropConfig {
@@ -271,6 +274,7 @@ impl Default for InteropConfig {
             initiator_memory: 384 << 20,
             pcap: None,
             live_timeout: Duration::from_secs(60),
+            wait_live: true,
         }
     }
 }
@@ -430,7 +434,8 @@ impl Interop<IserTransport<Hp>> {
 
 impl<T: InteropEngine> Interop<T> {
     /// Installs the miniport with the engine `make_transport` builds on
-    /// `hca`, starts the adapter and waits for target 0 to be live.
+    /// `hca`, starts the adapter and (unless `config.wait_live` is off)
+    /// waits for target 0 to be live.
     #[expect(clippy::too_many_arguments, reason = "the stack's parts")]
     fn assemble(
         platform: Hp,
@@ -474,7 +479,7 @@ impl<T: InteropEngine> Interop<T> {
             add_target,
             started: Instant::now(),
         };
-        if !stack.wait_state(TargetState::Live, config.live_timeout) {
+        if config.wait_live && !stack.wait_state(TargetState::Live, config.live_timeout) {
             return Err(SetupError(format!(
                 "target not live after {:?}: {:?}; link {:?}",
                 config.live_timeout,
@@ -823,8 +828,10 @@ impl<T: InteropEngine> Interop<T> {
         });
         assert!(
             quiet,
-            "CM consumers left: {:?}",
-            self.cm.pending_consumers(p)
+            "CM consumers left: {:?}, connections in use {}, {:?}",
+            self.cm.pending_consumers(p),
+            self.cm.connections_in_use(p),
+            self.cm.stats(p)
         );
         let released = wait_until(Duration::from_secs(30), || match self.cm.release(p) {
             Ok(()) => true,

@@ -38,12 +38,18 @@ fn login_then_write_and_read_back() {
 /// A target that checks the initiator's CHAP and proves itself back
 /// (mutual CHAP), with the matching node-record keys.
 fn mutual_chap_config() -> IserStackConfig {
+    mutual_chap_config_expecting("target-secret-22")
+}
+
+/// [`mutual_chap_config`], with the initiator expecting the target to
+/// prove `target_secret`.
+fn mutual_chap_config_expecting(target_secret: &str) -> IserStackConfig {
     let mut setup = IserSetup::standard()
         .key("node.session.auth.authmethod", "CHAP")
         .key("node.session.auth.username", "kverbs-host")
         .key("node.session.auth.password", "initiator-secret-1")
         .key("node.session.auth.username_in", "lio-target")
-        .key("node.session.auth.password_in", "target-secret-22");
+        .key("node.session.auth.password_in", target_secret);
     setup.config.iscsi.auth_required = true;
     setup.config.iscsi.chap = Some(ChapSecret {
         user: "kverbs-host".into(),
@@ -119,5 +125,55 @@ fn mutual_chap_without_random_bytes_does_not_log_in() {
         let (o, _) = s.read(0, 0, 0, 8, SgShape::Contiguous, p);
         assert_eq!(o.status.base(), SrbStatus::SUCCESS, "{o:?}");
         assert_eq!(s.stats(0, p).logins, 2);
+    });
+}
+
+#[test]
+fn the_targets_pings_are_answered_and_counted() {
+    // A target pings with an unsolicited NOP-In carrying a target transfer
+    // tag; the initiator echoes it in a NOP-Out or loses the connection.
+    // Each answer is counted once, and the session carries on.
+    IserStack::run(&IserStackConfig::default(), |s, p| {
+        for n in 1..=3u64 {
+            s.target(0).send_ping(p);
+            assert!(
+                s.wait_until(Duration::from_secs(10), || {
+                    s.stats(0, p).target_pings_answered == n
+                }),
+                "ping {n}: {:?}",
+                s.stats(0, p)
+            );
+        }
+        let o = s.write(0, 0, 8, &[0x3c; 4096], SgShape::Contiguous, p);
+        assert_eq!(o.status.base(), SrbStatus::SUCCESS, "{o:?}");
+        let st = s.stats(0, p);
+        assert_eq!(
+            (st.target_pings_answered, st.logins, st.transport_failures),
+            (3, 1, 0),
+            "{st:?}"
+        );
+    });
+}
+
+#[test]
+fn a_target_that_fails_mutual_chap_gets_no_session_and_the_stack_still_stops() {
+    // The initiator expects a different target secret: it refuses the
+    // target's proof (a fatal login failure: the target fails I/O fast at
+    // once), keeps retrying on the normal schedule, and an adapter stop in
+    // the middle of that ends every connection and CM id (finish checks).
+    let mut config = mutual_chap_config_expecting("not-the-target22");
+    config.wait_live = false;
+    IserStack::run(&config, |s, p| {
+        assert!(
+            s.wait_state(0, TargetState::FailFast, Duration::from_secs(20)),
+            "{:?}",
+            s.stats(0, p)
+        );
+        let st = s.stats(0, p);
+        assert_eq!((st.logins, st.last_failure), (0, 11), "{st:?}");
+        let (o, _) = s.read(0, 0, 0, 8, SgShape::Contiguous, p);
+        assert_ne!(o.status.base(), SrbStatus::SUCCESS, "{o:?}");
+        // Let a retry or two start before the stop.
+        std::thread::sleep(Duration::from_millis(1500));
     });
 }

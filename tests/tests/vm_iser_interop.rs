@@ -34,7 +34,12 @@
 //!    `InitialR2T=No` (LIO is booted offering it; the first session kept
 //!    the initiator's `Yes`): writes carry immediate data and unsolicited
 //!    Data-Out PDUs up to the first burst, the rest fetched by RDMA READ
-//!    from the VA past them; everything read back and checked, logout.
+//!    from the VA past them; everything read back and checked, logout;
+//! 9. CHAP both ways against LIO's implementation (its TPG's demo-mode
+//!    authentication): the right secrets log in and read back what was
+//!    written; a wrong secret of ours (LIO refuses) and a wrong expected
+//!    target secret (we refuse LIO's proof) each leave no session and the
+//!    target failing I/O fast.
 //!
 //! The link's pcap is kept in the VM's run directory when the run fails
 //! (its path printed). Behind the `vm-tests` feature; CI step 63. It skips
@@ -394,6 +399,10 @@ fn iser_through_the_miniport_against_linux_isert() {
     });
     platform.run_passive(|p| stack.finish(p));
     guard2.passed();
+
+    // ----------------------------------------------------------------
+    // 9. CHAP, both ways, against LIO's own implementation.
+    chap_phase(&vm, &info, &tpg, &wire, &iconfig, &mut shadows, &mut rec);
     // The VM saw nothing wrong from us.
     let dmesg = exec(&vm, "dmesg");
     for bad in ["ICRC", "icrc", "rxe: bad", "BUG", "WARNING", "Unknown iSER"] {
@@ -407,6 +416,177 @@ fn iser_through_the_miniport_against_linux_isert() {
     guard.passed();
     drop(guard);
     vm.shutdown();
+}
+
+/// The CHAP names and secrets LIO's TPG is given for phase 9 (its demo-mode
+/// authentication context: `tpgt_1/auth`). LIO wants 12 to 16 bytes of
+/// secret from an initiator's side of mutual CHAP.
+const CHAP_USER: &str = "kverbs-host";
+const CHAP_SECRET: &str = "initiator-secret-1";
+const CHAP_TARGET_USER: &str = "lio-target";
+const CHAP_TARGET_SECRET: &str = "target-secret-22";
+
+/// Phase 9: LIO requires CHAP (`attrib/authentication 1`) and proves
+/// itself back. A session with the right secrets both ways logs in and
+/// reads what the first session wrote; one with a wrong secret of ours is
+/// refused by LIO, and one that expects a different target secret refuses
+/// LIO's proof. Either refusal leaves the target failing I/O fast, with
+/// no session at LIO.
+fn chap_phase(
+    vm: &Vm,
+    info: &kverbs_tools::vm::TargetInfo,
+    tpg: &str,
+    wire: &Arc<LinkWire>,
+    base: &InteropConfig,
+    shadows: &mut BTreeMap<u8, ShadowDisk>,
+    rec: &mut Record,
+) {
+    for (name, value) in [
+        ("auth/userid", CHAP_USER),
+        ("auth/password", CHAP_SECRET),
+        ("auth/userid_mutual", CHAP_TARGET_USER),
+        ("auth/password_mutual", CHAP_TARGET_SECRET),
+        ("attrib/authentication", "1"),
+    ] {
+        exec(vm, &format!("echo -n {value} > {tpg}/{name}"));
+        let back = exec(vm, &format!("cat {tpg}/{name}"));
+        assert_eq!(back.trim(), value, "LIO's {name}");
+    }
+    let keys = |secret: &str, target_secret: &str| {
+        format!(
+            "{QUEUE_KEYS}\nnode.session.auth.authmethod = CHAP\n\
+             node.session.auth.username = {CHAP_USER}\nnode.session.auth.password = {secret}\n\
+             node.session.auth.username_in = {CHAP_TARGET_USER}\n\
+             node.session.auth.password_in = {target_secret}"
+        )
+    };
+
+    // Right secrets both ways: a session, and the data is there.
+    let platform = interop_platform();
+    let config = InteropConfig {
+        keys: keys(CHAP_SECRET, CHAP_TARGET_SECRET),
+        pcap: None,
+        ..base.clone()
+    };
+    let stack = platform.run_passive(|p| {
+        let s = match IserInterop::start_iser(platform.clone(), info, wire.clone(), &config, p) {
+            Ok(s) => s,
+            Err(e) => panic!("mutual-CHAP login: {}\nLIO:\n{}", e.0, target_log(vm)),
+        };
+        let st = s.stats(p);
+        assert_eq!((st.logins, st.login_failures), (1, 0), "{st:?}");
+        let sessions = exec(vm, &format!("cat {tpg}/dynamic_sessions"));
+        assert!(sessions.contains(INITIATOR_NAME), "{sessions:?}");
+        let mut rng = fastrand::Rng::with_seed(0x15e4_0009);
+        let mut ios = Vec::new();
+        for i in 0..32 {
+            let lun = u8::try_from(i % 2).unwrap();
+            let sh = &shadows[&lun];
+            ios.extend(workload(
+                &mut rng,
+                1,
+                lun,
+                512,
+                sh.blocks(),
+                512,
+                64 << 10,
+                1.0,
+            ));
+        }
+        for io in &mut ios {
+            if matches!(io.shape, SgShape::Odd { .. }) {
+                io.shape = SgShape::Contiguous;
+            }
+        }
+        for l in 0..2u8 {
+            let _ = command_in_ua(&s, l, |s, l, p| s.read_capacity(l, p), p);
+        }
+        let done = s.run_ios(&ios, 8, shadows, Duration::from_secs(120), p);
+        s.all_succeeded(&done, "mutual-CHAP session reads", p);
+        rec.note(format!(
+            "CHAP: LIO checked our CHAP and proved itself back; {} reads verified",
+            ios.len()
+        ));
+        s.stop(p);
+        s
+    });
+    platform.run_passive(|p| stack.finish(p));
+    let gone = wait_until(Duration::from_secs(30), || {
+        !exec(vm, &format!("cat {tpg}/dynamic_sessions")).contains(INITIATOR_NAME)
+    });
+    assert!(gone, "LIO still lists the CHAP session\n{}", target_log(vm));
+
+    // A wrong secret on either side: no session, I/O fails fast.
+    for (what, secret, target_secret) in [
+        (
+            "LIO refuses our response",
+            "initiator-wrong-1",
+            CHAP_TARGET_SECRET,
+        ),
+        ("we refuse LIO's proof", CHAP_SECRET, "target-wrong-222"),
+    ] {
+        let platform = interop_platform();
+        let config = InteropConfig {
+            keys: keys(secret, target_secret),
+            pcap: None,
+            wait_live: false,
+            ..base.clone()
+        };
+        let stack = platform.run_passive(|p| {
+            let s = match IserInterop::start_iser(platform.clone(), info, wire.clone(), &config, p)
+            {
+                Ok(s) => s,
+                Err(e) => panic!("{what}: setup: {}", e.0),
+            };
+            let failed = s.wait_state(TargetState::FailFast, Duration::from_secs(60));
+            let st = s.stats(p);
+            assert!(
+                failed,
+                "{what}: {:?}, {st:?}\nLIO:\n{}",
+                s.state(),
+                target_log(vm)
+            );
+            assert_eq!(st.logins, 0, "{what}: {st:?}");
+            assert!(st.login_failures >= 1, "{what}: {st:?}");
+            // LIO answers a failed CHAP with "authentication failure"
+            // and drops the connection at once; over iSER the drop can
+            // flush its answer. So: our login failure (11, after which the
+            // target fails fast at once) or LIO's disconnect (3, retried
+            // until `replacement_timeout` makes it fail fast). Our refusal
+            // of LIO's proof is always ours.
+            let want: &[u32] = if target_secret == CHAP_TARGET_SECRET {
+                &[11, 3]
+            } else {
+                &[11]
+            };
+            assert!(
+                want.contains(&st.last_failure),
+                "{what}: why the attempts ended: {st:?}\nLIO:\n{}",
+                target_log(vm)
+            );
+            let (o, _) = s.read_capacity(0, p);
+            assert_ne!(o.status.base(), SrbStatus::SUCCESS, "{what}: {o:?}");
+            assert_eq!(o.completions, 1, "{what}: {o:?}");
+            rec.note(format!(
+                "CHAP: {what}: {} attempt(s) failed (last: {}), target failing fast, READ CAPACITY {:?}",
+                st.login_failures,
+                st.last_failure,
+                o.status.base()
+            ));
+            s.stop(p);
+            s
+        });
+        platform.run_passive(|p| stack.finish(p));
+        let sessions = exec(vm, &format!("cat {tpg}/dynamic_sessions"));
+        assert!(!sessions.contains(INITIATOR_NAME), "{what}: {sessions:?}");
+        if target_secret == CHAP_TARGET_SECRET {
+            let said = exec(
+                vm,
+                "dmesg | grep -i -E 'chap|authenticat|security' | tail -2 || true",
+            );
+            rec.note(format!("CHAP: {what}: LIO logged {:?}", said.trim()));
+        }
+    }
 }
 
 /// Every block of every LUN written (1 MiB writes) and read back, then

@@ -1855,6 +1855,33 @@ impl CmEngine {
         }
     }
 
+    /// Cuts the DREQ retries short: every connection waiting for a DREP
+    /// enters timewait at once, as Linux's `cm_destroy_id` does for a
+    /// connection in DREQ_SENT. For a port that is closing: its consumers
+    /// had their terminal events when they disconnected, and a peer that
+    /// never answers a DREQ (LIO's isert, for a connection whose login the
+    /// initiator refused) would otherwise hold the slot for the whole retry
+    /// budget (`max_cm_retries` CM timeouts, ~100 s with Linux's timing).
+    /// Returns how many it cut short.
+    ///
+    /// # IRQL
+    ///
+    /// <= `DISPATCH_LEVEL`.
+    pub fn end_disconnect_retries<F: CmEffects + ?Sized>(&mut self, now: u64, fx: &mut F) -> usize {
+        let mut ended = 0;
+        for index in 0..self.slots.len() {
+            let waiting = self
+                .slots
+                .get(index)
+                .is_some_and(|s| s.in_use && s.state == CmState::DreqSent);
+            if waiting {
+                self.with_slot(index, now, fx, |slot, cx| slot.enter_timewait(cx));
+                ended += 1;
+            }
+        }
+        ended
+    }
+
     /// Handles every deadline that is due at `now` (retransmissions, final
     /// timeouts, the end of timewait).
     ///

@@ -1500,8 +1500,9 @@ impl<P: Platform> CmPort<P> {
 
     /// Starts closing: no new connect, accept or listen; every listener is
     /// removed (unanswered requests rejected), every connection a consumer
-    /// still holds is disconnected (its terminal event follows as usual).
-    /// Idempotent.
+    /// still holds is disconnected (its terminal event follows as usual),
+    /// and every DREQ still unanswered stops being retried: its connection
+    /// goes to timewait ([`CmEngine::end_disconnect_retries`]). Idempotent.
     ///
     /// # IRQL
     ///
@@ -1536,6 +1537,9 @@ impl<P: Platform> CmPort<P> {
                 let _ = self.disconnect(id, &[], irql);
             }
         }
+        self.shared.with_engine(irql, |engine, now, fx| {
+            engine.end_disconnect_retries(now, fx)
+        });
     }
 
     /// Releases the port's objects once it is quiet for consumers: QP1 is

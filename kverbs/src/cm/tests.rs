@@ -907,6 +907,30 @@ fn dreq_never_answered_ends_in_timewait() {
 }
 
 #[test]
+fn a_closing_port_stops_retrying_an_unanswered_dreq() {
+    // A peer that never answers the DREQ (LIO's isert after a login the
+    // initiator refused): the retries stop, as Linux's cm_destroy_id stops
+    // them, and the slot is free after one timewait instead of the whole
+    // retry budget.
+    let mut net = Net::new(16);
+    let (a, _b) = established_pair(&mut net, b"", b"");
+    net.filter = Box::new(|s, _| s != A);
+    let side = &mut net.sides[A];
+    side.cm.disconnect(net.now, a, &[], &mut side.rec).unwrap();
+    net.pump();
+    assert_eq!(net.sides[A].cm.state(a), Some(CmState::DreqSent));
+    let side = &mut net.sides[A];
+    assert_eq!(side.cm.end_disconnect_retries(net.now, &mut side.rec), 1);
+    assert_eq!(net.sides[A].cm.state(a), Some(CmState::TimeWait));
+    let side = &mut net.sides[A];
+    assert_eq!(side.cm.end_disconnect_retries(net.now, &mut side.rec), 0);
+    net.settle(FOREVER);
+    let stats = net.sides[A].cm.stats();
+    assert_eq!((stats.retransmissions, stats.timeouts), (0, 0));
+    assert_eq!(net.sides[A].cm.connections_in_use(), 0);
+}
+
+#[test]
 fn disconnect_while_req_sent() {
     let mut net = Net::new(15);
     net.listen_b();

@@ -340,6 +340,8 @@ pub struct Session {
     last_rx: Millis,
     last_tx: Millis,
     ping: Option<(u32, Millis)>,
+    /// The target's pings (NOP-In asking for a reply) answered so far.
+    pings_answered: u64,
     state: SessionState,
     logout_deadline: Option<Millis>,
     logout_sent: bool,
@@ -467,6 +469,7 @@ impl Session {
             last_rx: now,
             last_tx: now,
             ping: None,
+            pings_answered: 0,
             state: SessionState::Running,
             logout_deadline: None,
             logout_sent: false,
@@ -1186,8 +1189,20 @@ impl Session {
         };
         let len = pdu.emit(buf, Padding::None).ok()?;
         let _ = self.control.pop_front();
+        if matches!(control, Control::NopReply { .. }) {
+            self.pings_answered = self.pings_answered.wrapping_add(1);
+        }
         self.last_tx = now;
         Some(len)
+    }
+
+    /// How many of the target's pings (an unsolicited NOP-In with a target
+    /// transfer tag) [`Self::poll_transmit`] has answered. A target that
+    /// pings and gets no answer drops the connection; the count makes that
+    /// liveness exchange visible.
+    #[must_use]
+    pub const fn pings_answered(&self) -> u64 {
+        self.pings_answered
     }
 
     /// Whether a control PDU waits for [`Self::poll_transmit`].

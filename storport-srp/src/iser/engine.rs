@@ -176,6 +176,9 @@ pub struct IserStats {
     pub data_out_pdus: u64,
     /// Control PDUs sent (NOP-Out, TMF, logout, text).
     pub control_pdus: u64,
+    /// Of those, the NOP-Outs that answered the target's own pings (an
+    /// unsolicited NOP-In with a target transfer tag).
+    pub target_pings_answered: u64,
     /// Task management functions accepted.
     pub tmfs: u64,
     /// Commands refused: the buffer needs more than one MR.
@@ -200,6 +203,7 @@ struct Counters {
     immediate_gathered: AtomicU64,
     data_out_pdus: AtomicU64,
     control_pdus: AtomicU64,
+    target_pings_answered: AtomicU64,
     tmfs: AtomicU64,
     unmappable: AtomicU64,
 }
@@ -1888,15 +1892,20 @@ impl<P: Platform> Engine<P> {
             let Some(buf) = tx_scratch.get_mut(HEADER_LEN..CTL_STRIDE as usize) else {
                 return;
             };
+            let answered = session.pings_answered();
             let Some(len) = session.poll_transmit(now, buf) else {
                 st.ctl_free |= 1 << n;
                 return;
             };
+            let answers_a_ping = session.pings_answered() != answered;
             if !self.send_ctl(st, &conn, n, len, irql) {
                 // The QP is going: the session fails with it.
                 return;
             }
             bump(&t.counters.control_pdus);
+            if answers_a_ping {
+                bump(&t.counters.target_pings_answered);
+            }
         }
     }
 
@@ -2873,6 +2882,7 @@ impl<P: Platform> IserTransport<P> {
             immediate_gathered: g(&c.immediate_gathered),
             data_out_pdus: g(&c.data_out_pdus),
             control_pdus: g(&c.control_pdus),
+            target_pings_answered: g(&c.target_pings_answered),
             tmfs: g(&c.tmfs),
             unmappable: g(&c.unmappable),
         })

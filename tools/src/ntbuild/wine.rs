@@ -12,6 +12,10 @@ use std::process::Command;
 /// The service key, as `reg` spells it.
 pub const SERVICE_KEY: &str = r"HKLM\System\CurrentControlSet\Services\kvsrp";
 
+/// How long Wine's services.exe waits for a service to start (ms, as the
+/// REG_SZ it reads); Wine's default is 10 000.
+const SERVICE_START_TIMEOUT_MS: &str = "120000";
+
 /// A parsed `reg query /s`: key -> (value -> (type, data)).
 pub type RegTree = BTreeMap<String, BTreeMap<String, (String, String)>>;
 
@@ -39,7 +43,35 @@ impl Wine {
             .context("wine64 not found (install Debian's wine64)")?;
         let w = Self { prefix, wine };
         w.cmd(&["wineboot", "--init"]).context("wineboot --init")?;
+        w.raise_service_start_timeout()?;
         Ok(w)
+    }
+
+    /// Raises how long services.exe waits for a service to start, and
+    /// restarts the prefix's processes so that it reads the new value.
+    ///
+    /// Wine gives a service 10 s to report that it started, and a kernel
+    /// service's `DriverEntry` runs inside that window: a cold, loaded CI
+    /// machine has overrun it. The value is read when services.exe starts.
+    ///
+    /// # Errors
+    /// `reg add` fails.
+    pub fn raise_service_start_timeout(&self) -> Result<()> {
+        self.cmd(&[
+            "reg",
+            "add",
+            r"HKLM\System\CurrentControlSet\Control",
+            "/v",
+            "ServicesPipeTimeout",
+            "/t",
+            "REG_SZ",
+            "/d",
+            SERVICE_START_TIMEOUT_MS,
+            "/f",
+        ])
+        .context("reg add ServicesPipeTimeout")?;
+        self.stop();
+        Ok(())
     }
 
     fn command(&self, args: &[&str]) -> Command {
@@ -81,12 +113,23 @@ impl Wine {
         Ok(parse_reg_query(&text))
     }
 
-    /// Shuts the prefix's wineserver down.
+    /// Shuts the prefix's wineserver down and waits until it has exited.
+    ///
+    /// Debian keeps `wineserver` beside `wine64` in `/usr/lib/wine`, off
+    /// `PATH`.
     pub fn stop(&self) {
-        let _ = Command::new("wineserver")
-            .arg("-k")
-            .env("WINEPREFIX", &self.prefix)
-            .status();
+        let server = self
+            .wine
+            .parent()
+            .map(|dir| dir.join("wineserver"))
+            .filter(|p| p.is_file())
+            .unwrap_or_else(|| PathBuf::from("wineserver"));
+        for arg in ["-k", "-w"] {
+            let _ = Command::new(&server)
+                .arg(arg)
+                .env("WINEPREFIX", &self.prefix)
+                .status();
+        }
     }
 }
 
@@ -346,7 +389,9 @@ pub fn probe(w: &Wine, image: &Path) -> Result<()> {
         r"C:\windows\system32\drivers\kvprobe.sys",
     ])
     .context("sc create kvprobe")?;
+    let t0 = std::time::Instant::now();
     let started = w.cmd(&["net", "start", "kvprobe"]);
+    println!("  net start kvprobe: {:.1} s", t0.elapsed().as_secs_f64());
     let reg = w
         .reg_query(r"HKLM\System\CurrentControlSet\Services\kvprobe\Probe")
         .unwrap_or_default();

@@ -255,7 +255,9 @@ fn golden_nop_out_answer() {
         0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
     ];
     assert_eq!(&buf[..len], &expected);
+    assert_eq!(s.pings_answered(), 1);
     assert_eq!(s.poll_transmit(Millis(1), &mut buf), None);
+    assert_eq!(s.pings_answered(), 1, "counted once");
 }
 
 /// ABORT TASK, byte for byte, and its completion order.
