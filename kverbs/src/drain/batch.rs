@@ -145,7 +145,10 @@ mod tests {
         assert!(!b.is_full());
         assert_eq!(b.push(7), Ok(()));
         assert_eq!(b.push(8), Ok(()));
-        assert_eq!((b.len(), b.take(), b.take(), b.take()), (2, Some(7), Some(8), None));
+        assert_eq!(
+            (b.len(), b.take(), b.take(), b.take()),
+            (2, Some(7), Some(8), None)
+        );
     }
 
     #[test]
