@@ -173,6 +173,12 @@ impl<M: SharedWords> CqDoorbellRecord<M> {
         &self.mem
     }
 
+    /// Gives the memory back (to wrap it differently: [`Self::new`] again
+    /// over the wrapper).
+    pub fn into_mem(self) -> M {
+        self.mem
+    }
+
     /// Publishes the consumer counter (once per polled batch), freeing the
     /// consumed CQEs for the device to overwrite.
     ///

@@ -336,6 +336,12 @@ impl<M: SharedWords> CqRing<M> {
         &self.mem
     }
 
+    /// Gives the memory back (to wrap it differently, e.g. with its words
+    /// looked up once: [`CqRing::new`] again over the wrapper).
+    pub fn into_mem(self) -> M {
+        self.mem
+    }
+
     /// The same ring over the memory's words, looked up once: a poller
     /// reading several CQEs (and the owner bit before them) pays for
     /// [`SharedWords::words`] — a dynamic call for a [`crate::dma::DmaBuffer`]

@@ -37,20 +37,22 @@
 //! the CQ runs again (run-down).
 
 mod attached;
+mod words;
 
 use alloc::sync::{Arc, Weak};
 use core::fmt;
 
 use hca_lowlevel::barrier;
 use hca_lowlevel::cqe::{CqeOpcode, CqeRepr};
-use hca_lowlevel::device::{AsyncEvent, CqEventHandler};
-use hca_lowlevel::dma::DmaBuffer;
+use hca_lowlevel::device::{AsyncEvent, CqEventHandler, HcaError};
 use hca_lowlevel::doorbell::{CqArm, CqDoorbellRecord, DoorbellRegister};
 use hca_lowlevel::ring::CqRing;
 
 use crate::device::{AsyncTarget, Device, DeviceInner, TargetId};
 use crate::drain::DrainOutcome;
-use crate::drain::{ArmOutcome, Budget, CompletionHandler, CompletionSource, DpcDrainer, Polled};
+use crate::drain::{
+    ArmOutcome, Budget, CompletionHandler, CompletionSource, DpcDrainer, PollBatch, Polled,
+};
 use crate::error::VerbsError;
 use crate::interrupt::enter_dispatch;
 use crate::irql::{AnyIrql, Dispatch, LeDispatch, Passive};
@@ -62,6 +64,7 @@ use crate::sync::SpinLock;
 use crate::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use crate::wr::Completion;
 use attached::{AttachedTable, ReadClaim};
+use words::PinnedWords;
 
 /// Most QPs that may complete on one CQ (the lookup from a CQE's QP number
 /// to its QP scans this many entries at most; channels usually attach one
@@ -168,8 +171,10 @@ pub struct CqStats {
 /// The ring side: the drain loop's [`CompletionSource`].
 pub(crate) struct CqCore<P: Platform, C: Send + 'static> {
     cqn: u32,
-    ring: CqRing<DmaBuffer>,
-    dbr: CqDoorbellRecord<DmaBuffer>,
+    /// The ring and the doorbell record, their words looked up once (each
+    /// is read or written in every poll and every arm).
+    ring: CqRing<PinnedWords>,
+    dbr: CqDoorbellRecord<PinnedWords>,
     arm_doorbell: Arc<dyn DoorbellRegister>,
     /// Consumer counter; written only by the holder of the claim on `qps`.
     ci: AtomicU32,
@@ -214,7 +219,7 @@ impl<P: Platform, C: Send + 'static> CqCore<P, C> {
 impl<P: Platform, C: Send + 'static> CompletionSource for CqCore<P, C> {
     type Completion = CqItem<P, C>;
 
-    fn poll<const N: usize>(&self, out: &mut heapless::Vec<CqItem<P, C>, N>, _irql: &Dispatch<'_>) {
+    fn poll(&self, out: &mut PollBatch<CqItem<P, C>>, _irql: &Dispatch<'_>) {
         let Some(claim) = self.claim() else { return };
         let start = self.ci.load(Ordering::Relaxed);
         // The ring's words looked up once for the whole batch.
@@ -435,6 +440,15 @@ impl<P: Platform, C: Send + 'static> Cq<P, C> {
         let res = dev.hca.create_cq(config.entries, hook.clone())?;
         let entries = res.ring.entries();
         let cqn = res.cqn;
+        // The same ring and record, their words looked up once. The device
+        // sized both already; a wrapper that fails the same checks is a
+        // device that broke its own contract.
+        let ring = CqRing::new(PinnedWords::new(res.ring.into_mem()), entries);
+        let dbr = CqDoorbellRecord::new(PinnedWords::new(res.doorbell_record.into_mem()));
+        let (Ok(ring), Ok(dbr)) = (ring, dbr) else {
+            let _ = dev.hca.destroy_cq(cqn);
+            return Err(VerbsError::Hca(HcaError::InvalidSize));
+        };
         let on_destroyed = {
             let handler = Arc::clone(&handler);
             move |d: &Dispatch<'_>| handler.on_destroyed(d)
@@ -442,8 +456,8 @@ impl<P: Platform, C: Send + 'static> Cq<P, C> {
         let built = Rundown::new(&dev.platform, on_destroyed, irql).and_then(|rundown| {
             let core = CqCore {
                 cqn,
-                ring: res.ring,
-                dbr: res.doorbell_record,
+                ring,
+                dbr,
                 arm_doorbell: res.arm_doorbell,
                 ci: AtomicU32::new(0),
                 events: AtomicU32::new(0),

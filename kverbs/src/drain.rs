@@ -45,6 +45,9 @@ use core::fmt;
 use alloc::boxed::Box;
 use alloc::sync::{Arc, Weak};
 
+mod batch;
+pub use batch::PollBatch;
+
 use crate::irql::{Dispatch, LeDispatch, Passive};
 use crate::platform::{AllocError, DpcTarget, Platform, RawDpc, Ticks};
 use crate::sync::atomic::{AtomicUsize, Ordering};
@@ -75,7 +78,8 @@ pub trait CompletionSource {
     /// One completion (a work completion).
     type Completion;
 
-    /// Moves up to `out`'s free capacity of completions into `out`.
+    /// Moves up to `out`'s free capacity of completions into `out` (it is
+    /// empty when the drain loop calls), in the order they completed.
     ///
     /// Filling less than the capacity means the source was empty at some
     /// point during the call: the drain loop then goes on to arm without
@@ -85,11 +89,7 @@ pub trait CompletionSource {
     /// # IRQL
     ///
     /// `DISPATCH_LEVEL`; must not block.
-    fn poll<const N: usize>(
-        &self,
-        out: &mut heapless::Vec<Self::Completion, N>,
-        irql: &Dispatch<'_>,
-    );
+    fn poll(&self, out: &mut PollBatch<Self::Completion>, irql: &Dispatch<'_>);
 
     /// Requests an event for the next completion, reporting whether some may
     /// have been missed since the last poll.
@@ -141,33 +141,33 @@ pub trait CompletionHandler<C> {
 /// The completions of one poll, yielded in poll order (see
 /// [`CompletionHandler::on_batch`]).
 pub struct Polled<'a, C> {
-    /// Reversed: the next completion is the last element.
-    reversed: &'a mut heapless::Vec<C, POLL_BATCH>,
+    batch: &'a mut PollBatch<C>,
 }
 
 impl<C> Polled<'_, C> {
     /// Completions not yet taken.
     pub fn remaining(&self) -> usize {
-        self.reversed.len()
+        self.batch.len()
     }
 }
 
 impl<C> Iterator for Polled<'_, C> {
     type Item = C;
 
+    #[inline]
     fn next(&mut self) -> Option<C> {
-        self.reversed.pop()
+        self.batch.take()
     }
 
     fn size_hint(&self) -> (usize, Option<usize>) {
-        (self.reversed.len(), Some(self.reversed.len()))
+        (self.batch.len(), Some(self.batch.len()))
     }
 }
 
 impl<C> fmt::Debug for Polled<'_, C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Polled")
-            .field("remaining", &self.reversed.len())
+            .field("remaining", &self.batch.len())
             .finish()
     }
 }
@@ -292,7 +292,7 @@ impl DrainLoop {
         let mut clock: Option<Ticks> = None;
         let mut delivering_polls = 0u32;
         let mut delivered = 0usize;
-        let mut batch: heapless::Vec<S::Completion, POLL_BATCH> = heapless::Vec::new();
+        let mut batch: PollBatch<S::Completion> = PollBatch::new();
         loop {
             // Clear NOTIFIED before polling: a notification from here on
             // means "poll again", and this poll covers everything before.
@@ -348,26 +348,23 @@ impl DrainLoop {
 fn deliver<S, H>(
     source: &S,
     handler: &H,
-    batch: &mut heapless::Vec<S::Completion, POLL_BATCH>,
+    batch: &mut PollBatch<S::Completion>,
     irql: &Dispatch<'_>,
 ) -> usize
 where
     S: CompletionSource + ?Sized,
     H: CompletionHandler<S::Completion> + ?Sized,
 {
-    batch.clear();
+    // `batch` is empty here: every poll's completions are all taken below.
     source.poll(batch, irql);
     let polled = batch.len();
     // Deliver in poll order, leaving `batch` empty for the next poll: one
-    // move per completion (reversed, then popped), not a move of the whole
-    // batch buffer per poll (`mem::take` copied all POLL_BATCH slots, even
-    // for an empty poll).
-    batch.reverse();
+    // move per completion, out of its slot.
     if polled > 0 {
-        handler.on_batch(&mut Polled { reversed: batch }, irql);
-    }
-    while let Some(completion) = batch.pop() {
-        handler.on_completion(completion, irql);
+        handler.on_batch(&mut Polled { batch }, irql);
+        while let Some(completion) = batch.take() {
+            handler.on_completion(completion, irql);
+        }
     }
     polled
 }
@@ -375,20 +372,66 @@ where
 /// A drain loop bound to a source, a handler and a DPC: the shape the CQ
 /// uses. Completion events call [`DpcDrainer::notify`]; the DPC drains under
 /// the budget and requeues itself; callers may also drain inline.
+///
+/// # The DPC routine and the drainer's lifetime
+///
+/// The routine holds a strong reference to the drain state (the loop, the
+/// source, the handler: [`DrainCore`]) and a weak one to the drainer, which
+/// it reads but does not upgrade on every run (a compare-exchange and a
+/// release per round): the drainer owns the DPC, the DPC's routine keeps
+/// the state alive, and nothing owns the drainer back. When the last owner
+/// drops the drainer, a routine still queued finds the weak reference
+/// dead and does nothing, as before; one already running finishes its pass
+/// on the state it holds (alive until the platform frees the routine,
+/// which is after it returns). The weak reference is upgraded only to
+/// requeue the DPC when the budget runs out.
 pub struct DpcDrainer<P: Platform, S, H> {
+    core: Arc<DrainCore<P, S, H>>,
+    dpc: Option<P::Dpc>,
+}
+
+/// What a [`DpcDrainer`]'s DPC routine drains with (see
+/// [`DpcDrainer`]'s lifetime notes).
+struct DrainCore<P: Platform, S, H> {
     drain: DrainLoop,
     source: S,
     handler: H,
     budget: Budget,
-    dpc: Option<P::Dpc>,
+    /// The drainer, to requeue its DPC when the budget runs out; dead once
+    /// the last owner dropped it.
+    owner: Weak<DpcDrainer<P, S, H>>,
 }
 
 impl<P: Platform, S, H> fmt::Debug for DpcDrainer<P, S, H> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("DpcDrainer")
-            .field("drain", &self.drain)
-            .field("budget", &self.budget)
+            .field("drain", &self.core.drain)
+            .field("budget", &self.core.budget)
             .finish_non_exhaustive()
+    }
+}
+
+impl<P, S, H> DrainCore<P, S, H>
+where
+    P: Platform,
+    S: CompletionSource + Send + Sync + 'static,
+    H: CompletionHandler<S::Completion> + Send + Sync + 'static,
+{
+    /// The DPC routine's pass.
+    fn run_dpc(&self, irql: &Dispatch<'_>) {
+        // The owner dropped the drainer: nothing more to deliver to (a
+        // load, not an upgrade; see `DpcDrainer`).
+        if self.owner.strong_count() == 0 {
+            return;
+        }
+        let outcome = self
+            .drain
+            .run(&self.source, &self.handler, self.budget, P::now, irql);
+        if let DrainOutcome::BudgetExhausted { .. } = outcome {
+            if let Some(owner) = self.owner.upgrade() {
+                owner.queue_dpc();
+            }
+        }
     }
 }
 
@@ -412,25 +455,22 @@ where
         irql: &Passive<'_>,
     ) -> Result<Arc<Self>, AllocError> {
         let this = Arc::new_cyclic(|weak: &Weak<Self>| {
-            let weak = weak.clone();
-            let dpc = platform
-                .new_dpc(
-                    Box::new(move |d: &Dispatch<'_>| {
-                        if let Some(this) = weak.upgrade() {
-                            this.run_dpc(d);
-                        }
-                    }),
-                    target,
-                    irql,
-                )
-                .ok();
-            DpcDrainer {
+            let core = Arc::new(DrainCore {
                 drain: DrainLoop::new(),
                 source,
                 handler,
                 budget,
-                dpc,
-            }
+                owner: weak.clone(),
+            });
+            let routine_core = Arc::clone(&core);
+            let dpc = platform
+                .new_dpc(
+                    Box::new(move |d: &Dispatch<'_>| routine_core.run_dpc(d)),
+                    target,
+                    irql,
+                )
+                .ok();
+            DpcDrainer { core, dpc }
         });
         if this.dpc.is_none() {
             return Err(AllocError);
@@ -445,7 +485,7 @@ where
     ///
     /// Any.
     pub fn notify(&self) {
-        if self.drain.notify() {
+        if self.core.drain.notify() {
             self.queue_dpc();
         }
     }
@@ -460,8 +500,9 @@ where
     /// <= `DISPATCH_LEVEL`.
     pub fn drain_inline(&self, budget: Budget, irql: &impl LeDispatch) -> DrainOutcome {
         let outcome = with_dispatch::<P, _, _>(irql, |d| {
-            self.drain
-                .run(&self.source, &self.handler, budget, P::now, d)
+            let core = &*self.core;
+            core.drain
+                .run(&core.source, &core.handler, budget, P::now, d)
         });
         if let DrainOutcome::BudgetExhausted { .. } = outcome {
             self.queue_dpc();
@@ -471,26 +512,17 @@ where
 
     /// The completion source.
     pub fn source(&self) -> &S {
-        &self.source
+        &self.core.source
     }
 
     /// The completion handler.
     pub fn handler(&self) -> &H {
-        &self.handler
+        &self.core.handler
     }
 
     /// The underlying state machine.
     pub fn drain_loop(&self) -> &DrainLoop {
-        &self.drain
-    }
-
-    fn run_dpc(&self, irql: &Dispatch<'_>) {
-        let outcome = self
-            .drain
-            .run(&self.source, &self.handler, self.budget, P::now, irql);
-        if let DrainOutcome::BudgetExhausted { .. } = outcome {
-            self.queue_dpc();
-        }
+        &self.core.drain
     }
 
     fn queue_dpc(&self) {

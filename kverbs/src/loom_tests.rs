@@ -13,7 +13,9 @@ use std::sync::Arc;
 use loom::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use loom::thread;
 
-use crate::drain::{ArmOutcome, Budget, CompletionHandler, CompletionSource, DpcDrainer};
+use crate::drain::{
+    ArmOutcome, Budget, CompletionHandler, CompletionSource, DpcDrainer, PollBatch,
+};
 use crate::irql::{AnyIrql, Dispatch, Passive};
 use crate::platform::DpcTarget;
 use crate::platform::loom::LoomPlatform;
@@ -51,7 +53,7 @@ impl ModelCq {
 impl CompletionSource for ModelCq {
     type Completion = usize;
 
-    fn poll<const N: usize>(&self, out: &mut heapless::Vec<usize, N>, _irql: &Dispatch<'_>) {
+    fn poll(&self, out: &mut PollBatch<usize>, _irql: &Dispatch<'_>) {
         assert!(
             !self.in_poll.swap(true, Ordering::AcqRel),
             "poll and arm must be serialised per CQ"

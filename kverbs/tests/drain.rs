@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use kverbs::drain::{
     ArmOutcome, Budget, CompletionHandler, CompletionSource, DpcDrainer, DrainLoop, DrainOutcome,
-    POLL_BATCH, Polled,
+    POLL_BATCH, PollBatch, Polled,
 };
 use kverbs::irql::Dispatch;
 use kverbs::platform::host::{HostEvent, HostPlatform};
@@ -77,7 +77,7 @@ impl FakeCq {
 impl CompletionSource for FakeCq {
     type Completion = u64;
 
-    fn poll<const N: usize>(&self, out: &mut heapless::Vec<u64, N>, _irql: &Dispatch<'_>) {
+    fn poll(&self, out: &mut PollBatch<u64>, _irql: &Dispatch<'_>) {
         self.polls.fetch_add(1, Ordering::Relaxed);
         if !self.poll_stall.is_zero() {
             let start = std::time::Instant::now();
@@ -442,12 +442,12 @@ fn a_completion_landing_between_the_last_poll_and_the_arm_is_not_stranded() {
 /// re-poll. Kept here to show the test above can fail.
 fn naive_drain(cq: &FakeCq, handler: &Count, d: &Dispatch<'_>) {
     loop {
-        let mut batch: heapless::Vec<u64, POLL_BATCH> = heapless::Vec::new();
+        let mut batch = PollBatch::new();
         cq.poll(&mut batch, d);
         if batch.is_empty() {
             break;
         }
-        for c in batch {
+        while let Some(c) = batch.take() {
             handler.on_completion(c, d);
         }
     }
