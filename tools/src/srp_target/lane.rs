@@ -613,20 +613,13 @@ impl Lane {
                             len,
                             lkey,
                         };
-                        let wr = WriteWr {
-                            payload: Payload::Sges(&[sge]),
-                            remote_addr,
-                            rkey,
-                            imm: None,
-                            flags: SendFlags::default(),
+                        let mut out = DataInWrites {
+                            batch: &mut batch,
+                            failed: &mut failed,
+                            posted: &mut posted,
+                            counters,
                         };
-                        if failed || batch.rdma_write(&wr, Signal::Unsignalled).is_err() {
-                            failed = true;
-                            return;
-                        }
-                        posted += 1;
-                        Counters::add(&counters.rdma_writes, 1);
-                        Counters::add(&counters.bytes_data_in, u64::from(len));
+                        out.write(remote_addr, rkey, sge);
                     },
                 );
                 if failed || !complete {
@@ -647,20 +640,13 @@ impl Lane {
                             len,
                             lkey,
                         };
-                        let wr = WriteWr {
-                            payload: Payload::Sges(&[sge]),
-                            remote_addr,
-                            rkey,
-                            imm: None,
-                            flags: SendFlags::default(),
+                        let mut out = DataInWrites {
+                            batch: &mut batch,
+                            failed: &mut failed,
+                            posted: &mut posted,
+                            counters,
                         };
-                        if failed || batch.rdma_write(&wr, Signal::Unsignalled).is_err() {
-                            failed = true;
-                            return;
-                        }
-                        posted += 1;
-                        Counters::add(&counters.rdma_writes, 1);
-                        Counters::add(&counters.bytes_data_in, u64::from(len));
+                        out.write(remote_addr, rkey, sge);
                     },
                 );
                 if failed {
@@ -715,6 +701,39 @@ fn piece_count(descs: &[DirectDesc], bytes: u32, max: u32) -> u32 {
     let mut n = 0u32;
     for_each_piece(descs, bytes, max, |_, _, _, _| n += 1);
     n
+}
+
+/// Where a served READ's data-in WRITEs go: the batch they join, and what
+/// the lane keeps count of. Once a post fails nothing more is posted, and
+/// the command falls back whole.
+struct DataInWrites<'b, 'q> {
+    batch: &'b mut kverbs::qp::SendBatch<'q, Hp, WrCtx>,
+    failed: &'b mut bool,
+    posted: &'b mut u32,
+    counters: &'b Counters,
+}
+
+impl DataInWrites<'_, '_> {
+    /// Posts `sge` as one unsignalled RDMA WRITE to `remote_addr`/`rkey`.
+    ///
+    /// # IRQL
+    /// DISPATCH_LEVEL (the CQ's DPC); never blocks, never allocates.
+    fn write(&mut self, remote_addr: u64, rkey: u32, sge: kverbs::wr::Sge) {
+        let wr = WriteWr {
+            payload: Payload::Sges(&[sge]),
+            remote_addr,
+            rkey,
+            imm: None,
+            flags: SendFlags::default(),
+        };
+        if *self.failed || self.batch.rdma_write(&wr, Signal::Unsignalled).is_err() {
+            *self.failed = true;
+            return;
+        }
+        *self.posted += 1;
+        Counters::add(&self.counters.rdma_writes, 1);
+        Counters::add(&self.counters.bytes_data_in, u64::from(sge.len));
+    }
 }
 
 #[cfg(test)]
