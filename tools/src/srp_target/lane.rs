@@ -600,8 +600,13 @@ impl Lane {
         let ok = (|| -> Option<()> {
             let mut batch = io.qp.begin_send(irql).ok()?;
             let extents = &io.slots.get(usize::from(lane_slot))?.extents;
+            let mut out = DataInWrites {
+                batch: &mut batch,
+                failed: false,
+                posted: 0,
+                counters,
+            };
             if store_key.is_some() {
-                let mut failed = false;
                 let complete = for_each_gather_piece(
                     descs,
                     extents,
@@ -613,23 +618,16 @@ impl Lane {
                             len,
                             lkey,
                         };
-                        let mut out = DataInWrites {
-                            batch: &mut batch,
-                            failed: &mut failed,
-                            posted: &mut posted,
-                            counters,
-                        };
                         out.write(remote_addr, rkey, sge);
                     },
                 );
-                if failed || !complete {
+                if out.failed || !complete {
                     return None;
                 }
                 Counters::add(&counters.zero_copy_reads, 1);
             }
             if let Some(mr) = staging {
                 let (lkey, base) = (mr.lkey(), mr.iova());
-                let mut failed = false;
                 for_each_piece(
                     descs,
                     response.data_in_len,
@@ -640,19 +638,14 @@ impl Lane {
                             len,
                             lkey,
                         };
-                        let mut out = DataInWrites {
-                            batch: &mut batch,
-                            failed: &mut failed,
-                            posted: &mut posted,
-                            counters,
-                        };
                         out.write(remote_addr, rkey, sge);
                     },
                 );
-                if failed {
+                if out.failed {
                     return None;
                 }
             }
+            posted = out.posted;
             let sge = io
                 .send_mr
                 .sge(u64::from(send_slot) * io.rsp_size as u64, rsp_len)?;
@@ -708,8 +701,10 @@ fn piece_count(descs: &[DirectDesc], bytes: u32, max: u32) -> u32 {
 /// the command falls back whole.
 struct DataInWrites<'b, 'q> {
     batch: &'b mut kverbs::qp::SendBatch<'q, Hp, WrCtx>,
-    failed: &'b mut bool,
-    posted: &'b mut u32,
+    /// A post failed: nothing more is posted.
+    failed: bool,
+    /// WRITEs posted so far.
+    posted: u32,
     counters: &'b Counters,
 }
 
@@ -726,11 +721,11 @@ impl DataInWrites<'_, '_> {
             imm: None,
             flags: SendFlags::default(),
         };
-        if *self.failed || self.batch.rdma_write(&wr, Signal::Unsignalled).is_err() {
-            *self.failed = true;
+        if self.failed || self.batch.rdma_write(&wr, Signal::Unsignalled).is_err() {
+            self.failed = true;
             return;
         }
-        *self.posted += 1;
+        self.posted += 1;
         Counters::add(&self.counters.rdma_writes, 1);
         Counters::add(&self.counters.bytes_data_in, u64::from(sge.len));
     }
