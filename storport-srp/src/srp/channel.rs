@@ -18,10 +18,14 @@
 //!    channel lock; status, residuals and sense are kept in the slot; a
 //!    LOCAL_INV is posted for every MR (the last one signalled) and the
 //!    MRs go back to the pool; the receive is reposted.
-//! 4. **complete**: only when the SEND completion is in *and* the
+//! 4. **complete**: only when the SEND is complete *and* the
 //!    invalidation has completed (nvme-rdma's rule: the target can no
 //!    longer reach the buffer, and the HCA no longer reads the IU), the
-//!    slot is freed and the core hears the result.
+//!    slot is freed and the core hears the result. A command with MRs
+//!    posts its SEND unsignalled: its signalled LOCAL_INV follows it on
+//!    the same send queue, whose completions are in order, so that one
+//!    completion proves both (iSER's selective signalling; a read
+//!    completes on two events, the `SRP_RSP` and the invalidation).
 //!
 //! A connection that ends fences everything still open on it: once its QP
 //! is flushed (`on_flushed`) every command is completed — with its real
@@ -257,6 +261,8 @@ pub(crate) struct CmdSlot<P: Platform> {
     plan: Plan,
     formats: BufFormats,
     budget: u32,
+    /// The HCA is done with the SEND (its own completion, or — sent
+    /// unsignalled — the completion of the LOCAL_INV after it).
     send_done: bool,
     response: Option<(CommandOutcome, Residual)>,
     fenced: bool,
@@ -1063,13 +1069,21 @@ impl<P: Platform> Engine<P> {
         else {
             return Err((FailureKind::ConnectionReset, true));
         };
-        let send = batch.send(
-            &SendWr::new(Payload::Sges(gather)),
+        // With MRs to invalidate, the SEND goes unsignalled: the signalled
+        // LOCAL_INV posted after it on this send queue completes only after
+        // it (completions of a send queue are in order), so the
+        // invalidation's completion proves the HCA no longer reads the IU
+        // — one completion fewer per command. Without MRs nothing follows
+        // it, and its own completion is what the slot waits for.
+        let signal = if n > 0 {
+            Signal::Unsignalled
+        } else {
             Signal::Signalled(WrCtx::Send {
                 slot: index,
                 generation,
-            }),
-        );
+            })
+        };
+        let send = batch.send(&SendWr::new(Payload::Sges(gather)), signal);
         if send.is_err() {
             drop(batch);
             for mr in s.mrs.iter_mut().flatten() {
@@ -1177,13 +1191,18 @@ impl<P: Platform> Engine<P> {
             }
             WrCtx::Inv { slot, generation } => {
                 if completion.is_success() {
+                    // The SEND before it on this send queue is complete
+                    // too (it went unsignalled; see `post_locked`).
                     self.command_progress(
                         t,
                         ch,
                         conn,
                         slot,
                         generation,
-                        |s| s.inv_done = true,
+                        |s| {
+                            s.inv_done = true;
+                            s.send_done = true;
+                        },
                         irql,
                     );
                 }
