@@ -255,6 +255,15 @@ pub(crate) struct CmdSlot<P: Platform> {
     /// Bytes of the IU in `tx` (without gathered immediate data).
     tx_len: u32,
     mrs: Box<[Option<FrMr<P>>]>,
+    /// One invalidated MR kept from the slot's last command for its next
+    /// one (the pool's lock twice less per command). Always unregistered
+    /// (its LOCAL_INV was posted before it got here, and a reuse posts
+    /// after it on the same send queue); taken only if it is from the
+    /// current connection's pool, and dropped when its connection is
+    /// flushed, so the pool can be destroyed. At most one per slot: an
+    /// idle slot holds no more than the one MR per command the pool was
+    /// sized for.
+    spare: Option<FrMr<P>>,
     runs: Box<[Run]>,
     pages: Box<[PhysAddr]>,
     descs: Box<[DirectDesc]>,
@@ -311,6 +320,7 @@ impl<P: Platform> CmdSlot<P> {
             send_sge_count: 0,
             tx_len: 0,
             mrs: (0..runs).map(|_| None).collect(),
+            spare: None,
             runs: vec![Run::default(); runs].into_boxed_slice(),
             pages: vec![PhysAddr(0); sizing.max_pages as usize].into_boxed_slice(),
             descs: vec![
@@ -872,7 +882,8 @@ impl<P: Platform> Engine<P> {
             return Err(Refusal::Failed(FailureKind::Unsupported));
         }
         for i in 0..n {
-            match conn.pool.get(irql) {
+            let spare = s.spare.take().filter(|mr| conn.pool.owns(mr));
+            match spare.or_else(|| conn.pool.get(irql)) {
                 Some(mr) => {
                     if let Some(slot) = s.mrs.get_mut(i) {
                         *slot = Some(mr);
@@ -1325,7 +1336,11 @@ impl<P: Platform> Engine<P> {
         }
         batch.commit();
         // Invalid on the device once the LOCAL_INVs run, and any reuse is
-        // posted after them on this send queue.
+        // posted after them on this send queue: one stays as the slot's
+        // spare, the others go back to the pool.
+        if s.spare.is_none() {
+            s.spare = s.mrs.get_mut(0).and_then(Option::take);
+        }
         s.drop_mrs();
         true
     }
@@ -2158,6 +2173,11 @@ impl<P: Platform> Engine<P> {
             let index = u16::try_from(i).unwrap_or(u16::MAX);
             let done = {
                 let mut s = slot_lock.lock(irql);
+                // A spare of this connection's pool goes back to it, in
+                // any slot: the pool is destroyed after this.
+                if s.spare.as_ref().is_some_and(|mr| conn.pool.owns(mr)) {
+                    s.spare = None;
+                }
                 if !s.conn.as_ref().is_some_and(|c| Arc::ptr_eq(c, conn)) {
                     continue;
                 }
