@@ -254,16 +254,16 @@ pub(crate) struct CmdSlot<P: Platform> {
     send_sge_count: usize,
     /// Bytes of the IU in `tx` (without gathered immediate data).
     tx_len: u32,
+    /// The command's MRs, one per run. Entry 0 outlives the command: the
+    /// slot keeps it as a spare for its next command (the pool's lock
+    /// twice less per command). A spare is unregistered (its LOCAL_INV
+    /// was posted, and a reuse posts after it on the same send queue; a
+    /// stale one is invalidated first by `reg_mr`), reused only if it is
+    /// from the current connection's pool, and dropped when its
+    /// connection is flushed, so the pool can be destroyed. One per slot:
+    /// an idle slot holds no more than the one MR per command the pool
+    /// was sized for.
     mrs: Box<[Option<FrMr<P>>]>,
-    /// One invalidated MR kept from the slot's last command for its next
-    /// one (the pool's lock twice less per command). Always unregistered
-    /// (its LOCAL_INV was posted before it got here, and a reuse posts
-    /// after it on the same send queue); taken only if it is from the
-    /// current connection's pool, and dropped when its connection is
-    /// flushed, so the pool can be destroyed. At most one per slot: an
-    /// idle slot holds no more than the one MR per command the pool was
-    /// sized for.
-    spare: Option<FrMr<P>>,
     runs: Box<[Run]>,
     pages: Box<[PhysAddr]>,
     descs: Box<[DirectDesc]>,
@@ -320,7 +320,6 @@ impl<P: Platform> CmdSlot<P> {
             send_sge_count: 0,
             tx_len: 0,
             mrs: (0..runs).map(|_| None).collect(),
-            spare: None,
             runs: vec![Run::default(); runs].into_boxed_slice(),
             pages: vec![PhysAddr(0); sizing.max_pages as usize].into_boxed_slice(),
             descs: vec![
@@ -356,18 +355,30 @@ impl<P: Platform> CmdSlot<P> {
         self.plan.runs
     }
 
-    /// Drops the MRs back into their pool. Only the plan's first
-    /// `runs` entries ever hold one (`setup_slot` takes one per run after
-    /// setting the plan; the plan is reset only after this).
+    /// Drops the MRs back into their pool, the spare too. Only the
+    /// plan's first `runs` entries ever hold one, and entry 0 (the spare)
+    /// beyond them (`setup_slot` takes one per run after setting the
+    /// plan; the plan is reset only after this).
     fn drop_mrs(&mut self) {
-        for mr in self.mrs.iter_mut().take(self.plan.runs) {
-            *mr = None;
+        if let Some(spare) = self.mrs.first_mut() {
+            *spare = None;
+        }
+        self.drop_mrs_but_spare();
+    }
+
+    /// Drops every MR but entry 0, which stays as the slot's spare.
+    fn drop_mrs_but_spare(&mut self) {
+        if self.plan.runs > 1 {
+            let end = self.plan.runs.min(self.mrs.len());
+            for mr in self.mrs.get_mut(1..end).unwrap_or(&mut []) {
+                *mr = None;
+            }
         }
     }
 
-    /// Back to free, with a new generation.
+    /// Back to free, with a new generation (the spare MR stays).
     fn clear(&mut self) {
-        self.drop_mrs();
+        self.drop_mrs_but_spare();
         self.phase = SlotPhase::Free;
         self.generation = next_generation(self.generation);
         self.conn = None;
@@ -882,13 +893,15 @@ impl<P: Platform> Engine<P> {
             return Err(Refusal::Failed(FailureKind::Unsupported));
         }
         for i in 0..n {
-            let spare = s.spare.take().filter(|mr| conn.pool.owns(mr));
-            match spare.or_else(|| conn.pool.get(irql)) {
-                Some(mr) => {
-                    if let Some(slot) = s.mrs.get_mut(i) {
-                        *slot = Some(mr);
-                    }
-                }
+            let Some(entry) = s.mrs.get_mut(i) else {
+                return Err(Refusal::Failed(FailureKind::Unsupported));
+            };
+            if entry.as_ref().is_some_and(|mr| conn.pool.owns(mr)) {
+                // The slot's spare, of this connection.
+                continue;
+            }
+            match conn.pool.get(irql) {
+                Some(mr) => *entry = Some(mr),
                 None => {
                     s.drop_mrs();
                     return Err(if n > t.sizing.pool_size as usize {
@@ -1336,12 +1349,9 @@ impl<P: Platform> Engine<P> {
         }
         batch.commit();
         // Invalid on the device once the LOCAL_INVs run, and any reuse is
-        // posted after them on this send queue: one stays as the slot's
-        // spare, the others go back to the pool.
-        if s.spare.is_none() {
-            s.spare = s.mrs.get_mut(0).and_then(Option::take);
-        }
-        s.drop_mrs();
+        // posted after them on this send queue: the first stays as the
+        // slot's spare, the others go back to the pool.
+        s.drop_mrs_but_spare();
         true
     }
 
@@ -2175,8 +2185,10 @@ impl<P: Platform> Engine<P> {
                 let mut s = slot_lock.lock(irql);
                 // A spare of this connection's pool goes back to it, in
                 // any slot: the pool is destroyed after this.
-                if s.spare.as_ref().is_some_and(|mr| conn.pool.owns(mr)) {
-                    s.spare = None;
+                if let Some(spare) = s.mrs.first_mut() {
+                    if spare.as_ref().is_some_and(|mr| conn.pool.owns(mr)) {
+                        *spare = None;
+                    }
                 }
                 if !s.conn.as_ref().is_some_and(|c| Arc::ptr_eq(c, conn)) {
                     continue;
