@@ -475,6 +475,16 @@ impl<P: Platform> FrPool<P> {
         self.inner.max_pages
     }
 
+    /// Whether `mr` was taken from this pool (a consumer that keeps an MR
+    /// between uses checks it still belongs to the current pool).
+    ///
+    /// # IRQL
+    ///
+    /// Any.
+    pub fn owns(&self, mr: &FrMr<P>) -> bool {
+        Arc::ptr_eq(&self.inner, &mr.pool)
+    }
+
     /// Frees every mkey. Every MR must be back in the pool.
     ///
     /// # Errors

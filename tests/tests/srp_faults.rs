@@ -140,6 +140,14 @@ fn qp_error_mid_io_fails_outstanding_for_retry_and_reconnects() {
         );
         assert_eq!(st.live_channels, 2, "every channel reconnected: {st:?}");
         assert_ne!(s.transport().channel_qpn(0, 0, p), Some(qpn), "a new QP");
+        // Both ended connections give every MR back (the slots' spares
+        // included), so their pools are destroyed, not leaked.
+        let released = wait_until(Duration::from_secs(30), || {
+            s.stats(0, p).released_conns >= 2
+        });
+        let st = s.stats(0, p);
+        assert!(released, "the old connections were released: {st:?}");
+        assert_eq!(st.leaked_mr_pools, 0, "{st:?}");
         retry_failed(s, &ios, &done, p);
     });
 }

@@ -18,10 +18,14 @@
 //!    channel lock; status, residuals and sense are kept in the slot; a
 //!    LOCAL_INV is posted for every MR (the last one signalled) and the
 //!    MRs go back to the pool; the receive is reposted.
-//! 4. **complete**: only when the SEND completion is in *and* the
+//! 4. **complete**: only when the SEND is complete *and* the
 //!    invalidation has completed (nvme-rdma's rule: the target can no
 //!    longer reach the buffer, and the HCA no longer reads the IU), the
-//!    slot is freed and the core hears the result.
+//!    slot is freed and the core hears the result. A command with MRs
+//!    posts its SEND unsignalled: its signalled LOCAL_INV follows it on
+//!    the same send queue, whose completions are in order, so that one
+//!    completion proves both (iSER's selective signalling; a read
+//!    completes on two events, the `SRP_RSP` and the invalidation).
 //!
 //! A connection that ends fences everything still open on it: once its QP
 //! is flushed (`on_flushed`) every command is completed — with its real
@@ -250,6 +254,15 @@ pub(crate) struct CmdSlot<P: Platform> {
     send_sge_count: usize,
     /// Bytes of the IU in `tx` (without gathered immediate data).
     tx_len: u32,
+    /// The command's MRs, one per run. Entry 0 outlives the command: the
+    /// slot keeps it as a spare for its next command (the pool's lock
+    /// twice less per command). A spare is unregistered (its LOCAL_INV
+    /// was posted, and a reuse posts after it on the same send queue; a
+    /// stale one is invalidated first by `reg_mr`), reused only if it is
+    /// from the current connection's pool, and dropped when its
+    /// connection is flushed, so the pool can be destroyed. One per slot:
+    /// an idle slot holds no more than the one MR per command the pool
+    /// was sized for.
     mrs: Box<[Option<FrMr<P>>]>,
     runs: Box<[Run]>,
     pages: Box<[PhysAddr]>,
@@ -257,6 +270,8 @@ pub(crate) struct CmdSlot<P: Platform> {
     plan: Plan,
     formats: BufFormats,
     budget: u32,
+    /// The HCA is done with the SEND (its own completion, or — sent
+    /// unsignalled — the completion of the LOCAL_INV after it).
     send_done: bool,
     response: Option<(CommandOutcome, Residual)>,
     fenced: bool,
@@ -340,18 +355,30 @@ impl<P: Platform> CmdSlot<P> {
         self.plan.runs
     }
 
-    /// Drops the MRs back into their pool. Only the plan's first
-    /// `runs` entries ever hold one (`setup_slot` takes one per run after
-    /// setting the plan; the plan is reset only after this).
+    /// Drops the MRs back into their pool, the spare too. Only the
+    /// plan's first `runs` entries ever hold one, and entry 0 (the spare)
+    /// beyond them (`setup_slot` takes one per run after setting the
+    /// plan; the plan is reset only after this).
     fn drop_mrs(&mut self) {
-        for mr in self.mrs.iter_mut().take(self.plan.runs) {
-            *mr = None;
+        if let Some(spare) = self.mrs.first_mut() {
+            *spare = None;
+        }
+        self.drop_mrs_but_spare();
+    }
+
+    /// Drops every MR but entry 0, which stays as the slot's spare.
+    fn drop_mrs_but_spare(&mut self) {
+        if self.plan.runs > 1 {
+            let end = self.plan.runs.min(self.mrs.len());
+            for mr in self.mrs.get_mut(1..end).unwrap_or(&mut []) {
+                *mr = None;
+            }
         }
     }
 
-    /// Back to free, with a new generation.
+    /// Back to free, with a new generation (the spare MR stays).
     fn clear(&mut self) {
-        self.drop_mrs();
+        self.drop_mrs_but_spare();
         self.phase = SlotPhase::Free;
         self.generation = next_generation(self.generation);
         self.conn = None;
@@ -866,12 +893,15 @@ impl<P: Platform> Engine<P> {
             return Err(Refusal::Failed(FailureKind::Unsupported));
         }
         for i in 0..n {
+            let Some(entry) = s.mrs.get_mut(i) else {
+                return Err(Refusal::Failed(FailureKind::Unsupported));
+            };
+            if entry.as_ref().is_some_and(|mr| conn.pool.owns(mr)) {
+                // The slot's spare, of this connection.
+                continue;
+            }
             match conn.pool.get(irql) {
-                Some(mr) => {
-                    if let Some(slot) = s.mrs.get_mut(i) {
-                        *slot = Some(mr);
-                    }
-                }
+                Some(mr) => *entry = Some(mr),
                 None => {
                     s.drop_mrs();
                     return Err(if n > t.sizing.pool_size as usize {
@@ -1063,13 +1093,21 @@ impl<P: Platform> Engine<P> {
         else {
             return Err((FailureKind::ConnectionReset, true));
         };
-        let send = batch.send(
-            &SendWr::new(Payload::Sges(gather)),
+        // With MRs to invalidate, the SEND goes unsignalled: the signalled
+        // LOCAL_INV posted after it on this send queue completes only after
+        // it (completions of a send queue are in order), so the
+        // invalidation's completion proves the HCA no longer reads the IU
+        // — one completion fewer per command. Without MRs nothing follows
+        // it, and its own completion is what the slot waits for.
+        let signal = if n > 0 {
+            Signal::Unsignalled
+        } else {
             Signal::Signalled(WrCtx::Send {
                 slot: index,
                 generation,
-            }),
-        );
+            })
+        };
+        let send = batch.send(&SendWr::new(Payload::Sges(gather)), signal);
         if send.is_err() {
             drop(batch);
             for mr in s.mrs.iter_mut().flatten() {
@@ -1177,13 +1215,18 @@ impl<P: Platform> Engine<P> {
             }
             WrCtx::Inv { slot, generation } => {
                 if completion.is_success() {
+                    // The SEND before it on this send queue is complete
+                    // too (it went unsignalled; see `post_locked`).
                     self.command_progress(
                         t,
                         ch,
                         conn,
                         slot,
                         generation,
-                        |s| s.inv_done = true,
+                        |s| {
+                            s.inv_done = true;
+                            s.send_done = true;
+                        },
                         irql,
                     );
                 }
@@ -1306,8 +1349,9 @@ impl<P: Platform> Engine<P> {
         }
         batch.commit();
         // Invalid on the device once the LOCAL_INVs run, and any reuse is
-        // posted after them on this send queue.
-        s.drop_mrs();
+        // posted after them on this send queue: the first stays as the
+        // slot's spare, the others go back to the pool.
+        s.drop_mrs_but_spare();
         true
     }
 
@@ -2139,6 +2183,13 @@ impl<P: Platform> Engine<P> {
             let index = u16::try_from(i).unwrap_or(u16::MAX);
             let done = {
                 let mut s = slot_lock.lock(irql);
+                // A spare of this connection's pool goes back to it, in
+                // any slot: the pool is destroyed after this.
+                if let Some(spare) = s.mrs.first_mut() {
+                    if spare.as_ref().is_some_and(|mr| conn.pool.owns(mr)) {
+                        *spare = None;
+                    }
+                }
                 if !s.conn.as_ref().is_some_and(|c| Arc::ptr_eq(c, conn)) {
                     continue;
                 }

@@ -256,6 +256,12 @@ pub struct TargetStats {
     pub completed: u64,
     /// Commands completed by a connection flush (fenced by the QP).
     pub fenced_by_flush: u64,
+    /// Ended connections whose objects (CQ, MR pool, IU MRs, PD) were
+    /// released.
+    pub released_conns: u64,
+    /// Of those, connections whose MR pool could not be destroyed because
+    /// MRs never came back to it (its mkeys stay allocated: a leak).
+    pub leaked_mr_pools: u64,
 }
 
 #[derive(Default)]
@@ -282,6 +288,8 @@ pub(crate) struct Counters {
     pub busy_resources: AtomicU64,
     pub completed: AtomicU64,
     pub fenced_by_flush: AtomicU64,
+    pub released_conns: AtomicU64,
+    pub leaked_mr_pools: AtomicU64,
 }
 
 pub(crate) fn bump(c: &AtomicU64) {
@@ -1088,12 +1096,22 @@ impl<P: Platform> Engine<P> {
         let _ = conn.cq.destroy(irql);
         // MRs still out belong to requests completing right now; give
         // them a moment (bounded).
+        let mut leaked = true;
         for _ in 0..1000 {
             match conn.pool.destroy(irql) {
                 Err(kverbs::error::VerbsError::InUse) => {
                     self.device.platform().delay(Duration::from_millis(1), irql);
                 }
-                _ => break,
+                _ => {
+                    leaked = false;
+                    break;
+                }
+            }
+        }
+        if let Some(t) = self.target(conn.target) {
+            bump(&t.counters.released_conns);
+            if leaked {
+                bump(&t.counters.leaked_mr_pools);
             }
         }
         let _ = conn.tx.dereg(irql);
@@ -1378,6 +1396,8 @@ impl<P: Platform> SrpTransport<P> {
             busy_resources: get(&c.busy_resources),
             completed: get(&c.completed),
             fenced_by_flush: get(&c.fenced_by_flush),
+            released_conns: get(&c.released_conns),
+            leaked_mr_pools: get(&c.leaked_mr_pools),
             req_lim: i32::MAX,
             ..TargetStats::default()
         };
