@@ -30,6 +30,7 @@
 mod fault;
 pub mod link;
 mod mem;
+mod payload;
 pub mod pcap;
 mod qp;
 mod resources;
@@ -38,6 +39,8 @@ mod world;
 
 #[cfg(test)]
 mod link_tests;
+#[cfg(test)]
+mod one_copy_tests;
 #[cfg(test)]
 mod tests;
 
@@ -955,6 +958,7 @@ impl HcaDevice for SoftHca {
                 page_shift,
                 pages,
                 access,
+                generation: Arc::default(),
             };
             let key = mr.mkey();
             h.mrs.insert(index, mr);
@@ -1006,6 +1010,7 @@ impl HcaDevice for SoftHca {
                 page_shift: MIN_PAGE_SHIFT,
                 pages: Vec::new(),
                 access: AccessFlags::empty(),
+                generation: Arc::default(),
             };
             let key = mr.mkey();
             h.mrs.insert(index, mr);
