@@ -606,7 +606,6 @@ impl Qp {
 
     fn fetch(&mut self, ctx: &mut Ctx<'_>) -> bool {
         let mut progress = false;
-        let mut buf = [0u8; MAX_SEND_WQE_BYTES.next_multiple_of(WQEBB_SIZE)];
         loop {
             if (self.sq_fetch as u16) == self.sq_limit {
                 break;
@@ -623,6 +622,9 @@ impl Qp {
             let ds = usize::from(c.ds()).clamp(1, MAX_SEND_WQE_BYTES / 16);
             let bbs = (ds * 16).div_ceil(WQEBB_SIZE) as u32;
             let counter = self.sq_fetch as u16;
+            // Zeroed per WQE, not per call: most calls (one per QP per
+            // engine pass) find nothing to fetch.
+            let mut buf = [0u8; MAX_SEND_WQE_BYTES.next_multiple_of(WQEBB_SIZE)];
             let wqe_bytes = buf.get_mut(..bbs as usize * WQEBB_SIZE).unwrap_or(&mut []);
             if self.sq.read_wqe(self.sq_fetch, wqe_bytes).is_err() {
                 break;
