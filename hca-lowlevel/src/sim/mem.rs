@@ -16,6 +16,8 @@ use crate::dma::{
     DmaAllocator, DmaBacking, DmaBuffer, DmaError, PhysAddr, SharedWords, read_bytes, write_bytes,
 };
 
+use super::payload::Payload;
+
 /// Page size of the simulated address space.
 pub const PAGE_SIZE: u64 = 4096;
 /// Lowest physical address handed out (address 0 and its neighbourhood are
@@ -191,6 +193,19 @@ impl PhysMemory {
         }
         let (r, off) = self.resolve(phys, data.len())?;
         write_bytes(&r.words, r.len, off, data)
+    }
+
+    /// Device write of a payload (bytes, or a copy straight from pinned
+    /// memory: see [`super::payload`]).
+    ///
+    /// # Errors
+    /// [`DmaError::Unmapped`].
+    pub(crate) fn write_payload(&self, phys: u64, data: Payload<'_>) -> Result<(), DmaError> {
+        if data.len() == 0 {
+            return Ok(());
+        }
+        let (r, off) = self.resolve(phys, data.len())?;
+        data.write_to(&r.words, r.len, off)
     }
 
     /// True if `phys..phys+len` is live memory.

@@ -2,10 +2,12 @@
 //! rings, moves IBA transport packets (as RoCEv2 frames, ICRC included)
 //! across an in-process fabric, and completes work with the right CQEs.
 //! On a plain in-process link (no fault configuration, no capture, no
-//! Ethernet link) the data packets of SENDs and WRITEs go as headers and a
-//! reference to the sender's gathered payload, never written out
-//! ([`FabricStats::frames_direct`]); anything that looks at frames gets
-//! them in full.
+//! Ethernet link) the data packets of RC SENDs and WRITEs and the RDMA READ
+//! responses go as headers and a reference to the sender's own memory,
+//! pinned, never written out ([`FabricStats::frames_direct`]): the
+//! receiver's placement is the one copy of each byte (see the `payload`
+//! module for when the source is read and why that is within verbs
+//! semantics). Anything that looks at frames gets them in full.
 //!
 //! * [`Fabric`]: the world — any number of [`SoftHca`]s addressed by
 //!   IPv4-mapped GIDs, the links between them (with seeded fault injection),
@@ -30,6 +32,7 @@
 mod fault;
 pub mod link;
 mod mem;
+mod payload;
 pub mod pcap;
 mod qp;
 mod resources;
@@ -38,6 +41,8 @@ mod world;
 
 #[cfg(test)]
 mod link_tests;
+#[cfg(test)]
+mod one_copy_tests;
 #[cfg(test)]
 mod tests;
 
@@ -547,7 +552,7 @@ impl SoftHca {
                 qp.enter_error(ctx, false);
             });
         }
-        w.absorb(self.idx, out);
+        w.absorb(self.idx, &mut out);
         self.shared.unlock(w);
     }
 
@@ -562,7 +567,7 @@ impl SoftHca {
             Some(h) => f(h, &mut out, now),
             None => Err(HcaError::InvalidPort(1)),
         };
-        w.absorb(self.idx, out);
+        w.absorb(self.idx, &mut out);
         self.shared.unlock(w);
         r
     }
@@ -955,6 +960,7 @@ impl HcaDevice for SoftHca {
                 page_shift,
                 pages,
                 access,
+                generation: Arc::default(),
             };
             let key = mr.mkey();
             h.mrs.insert(index, mr);
@@ -1006,6 +1012,7 @@ impl HcaDevice for SoftHca {
                 page_shift: MIN_PAGE_SHIFT,
                 pages: Vec::new(),
                 access: AccessFlags::empty(),
+                generation: Arc::default(),
             };
             let key = mr.mkey();
             h.mrs.insert(index, mr);

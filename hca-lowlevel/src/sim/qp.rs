@@ -27,7 +27,8 @@ use crate::wqe::{
 
 use super::link::{roce_udp_src_port, rxe_udp_src_port};
 use super::mem::{DeviceMem, PhysMemory};
-use super::resources::{Cq, KeyError, Mr, check_key, mr_read, mr_write};
+use super::payload::{Payload, Source, pinned, recycle_pinned};
+use super::resources::{Cq, KeyError, Mr, check_key, mr_pin, mr_read, mr_write};
 use super::world::{Event, Outbox, Shared, SharedPayload};
 
 /// Request packets after which AckReq is set even mid-message (as rxe).
@@ -91,12 +92,14 @@ struct SendOp {
     signaled: bool,
     solicited: bool,
     imm: u32,
-    /// The gathered data: `payload_len` bytes at the start of a buffer
-    /// that may be longer (a recycled one; see [`payload_buffer`]), shared
-    /// with the frames that carry it by reference (see
-    /// [`super::world::DirectFrame`]). Gathered once, when the WQE is
-    /// fetched: retransmissions send the same bytes.
-    payload: Option<Arc<Vec<u8>>>,
+    /// The data of a SEND or WRITE, shared with the frames that carry it
+    /// by reference (see [`super::world::DirectFrame`]): on RC the source
+    /// memory, pinned when the WQE is fetched (its keys checked then) and
+    /// read when a frame is placed (see [`super::payload`]); inline data
+    /// and UD sends gathered then, into `payload_len` bytes at the start
+    /// of a buffer that may be longer (a recycled one; see
+    /// [`payload_buffer`]).
+    payload: Option<Source>,
     payload_len: usize,
     read_sges: HVec<DataSegRepr, MAX_SEND_SGE>,
     raddr: u64,
@@ -111,8 +114,11 @@ struct SendOp {
 
 impl Drop for SendOp {
     fn drop(&mut self) {
-        if let Some(p) = self.payload.take() {
-            recycle_payload(p);
+        self.revoke();
+        match self.payload.take() {
+            Some(Source::Bytes(b)) => recycle_payload(b),
+            Some(Source::Pinned(p)) => recycle_pinned(p),
+            None => {}
         }
     }
 }
@@ -183,19 +189,24 @@ pub(crate) fn recycle_payload(mut buf: Arc<Vec<u8>>) {
 }
 
 impl SendOp {
-    /// The gathered data of a SEND or WRITE.
-    fn payload(&self) -> &[u8] {
-        self.payload
-            .as_deref()
-            .and_then(|p| p.get(..self.payload_len))
-            .unwrap_or(&[])
+    /// Bytes `range` of the data, by reference.
+    fn shared_payload(&self, range: core::ops::Range<usize>) -> SharedPayload {
+        let src = match &self.payload {
+            Some(Source::Bytes(b)) => Source::Bytes(b.clone()),
+            Some(Source::Pinned(p)) => Source::Pinned(p.clone()),
+            None => Source::Bytes(Arc::default()),
+        };
+        SharedPayload {
+            src,
+            range: range.start.min(self.payload_len)..range.end.min(self.payload_len),
+        }
     }
 
-    /// Bytes `range` of the gathered data, by reference.
-    fn shared_payload(&self, range: core::ops::Range<usize>) -> SharedPayload {
-        SharedPayload {
-            buf: self.payload.clone().unwrap_or_default(),
-            range: range.start.min(self.payload_len)..range.end.min(self.payload_len),
+    /// The operation is over (completed, or gone): frames still on the wire
+    /// may no longer read its source memory (see [`super::payload`]).
+    fn revoke(&self) {
+        if let Some(Source::Pinned(p)) = &self.payload {
+            p.revoke();
         }
     }
 
@@ -595,7 +606,6 @@ impl Qp {
 
     fn fetch(&mut self, ctx: &mut Ctx<'_>) -> bool {
         let mut progress = false;
-        let mut buf = [0u8; MAX_SEND_WQE_BYTES.next_multiple_of(WQEBB_SIZE)];
         loop {
             if (self.sq_fetch as u16) == self.sq_limit {
                 break;
@@ -612,6 +622,9 @@ impl Qp {
             let ds = usize::from(c.ds()).clamp(1, MAX_SEND_WQE_BYTES / 16);
             let bbs = (ds * 16).div_ceil(WQEBB_SIZE) as u32;
             let counter = self.sq_fetch as u16;
+            // Zeroed per WQE, not per call: most calls (one per QP per
+            // engine pass) find nothing to fetch.
+            let mut buf = [0u8; MAX_SEND_WQE_BYTES.next_multiple_of(WQEBB_SIZE)];
             let wqe_bytes = buf.get_mut(..bbs as usize * WQEBB_SIZE).unwrap_or(&mut []);
             if self.sq.read_wqe(self.sq_fetch, wqe_bytes).is_err() {
                 break;
@@ -749,7 +762,14 @@ impl Qp {
             | SendOpcode::SendInval
             | SendOpcode::RdmaWrite
             | SendOpcode::RdmaWriteImm => {
-                match gather(ctx, self.pd, &w.gather) {
+                // UD sends complete as they are sent, before the receiver
+                // places them: their data cannot be read later.
+                let res = if self.qp_type.is_datagram() {
+                    gather(ctx, self.pd, &w.gather)
+                } else {
+                    pin(ctx, self.pd, &w.gather)
+                };
+                match res {
                     Ok((p, n)) => {
                         op.payload = Some(p);
                         op.payload_len = n;
@@ -817,7 +837,7 @@ impl Qp {
                 ack_req: false,
                 psn: self.next_psn,
             },
-            op.payload(),
+            &[],
         );
         pkt.deth = Some(DethRepr {
             qkey,
@@ -928,7 +948,6 @@ impl Qp {
             for k in k0..op.npkts {
                 let lo = (k as usize) * mtu as usize;
                 let hi = (lo + mtu as usize).min(op.payload_len);
-                let chunk = op.payload().get(lo..hi).unwrap_or(&[]);
                 let only = op.npkts == 1;
                 let first = k == 0;
                 let last = k + 1 == op.npkts;
@@ -953,7 +972,8 @@ impl Qp {
                 bth.psn = op.first_psn.wrapping_add(k);
                 bth.ack_req = last || (k + 1) % ACK_EVERY == 0;
                 bth.solicited = last && op.solicited;
-                let mut pkt = IbPacketRepr::new(bth, chunk);
+                // The payload goes by reference (`send_shared`).
+                let mut pkt = IbPacketRepr::new(bth, &[]);
                 let h = bth.opcode.headers();
                 if h.contains(crate::wire::HeaderSet::RETH) {
                     pkt.reth = Some(RethRepr {
@@ -1080,7 +1100,7 @@ impl Qp {
     }
 
     /// A response (ACK, NAK, READ response) arrived.
-    fn on_response(&mut self, ctx: &mut Ctx<'_>, pkt: &IbPacketRepr<'_>) {
+    fn on_response(&mut self, ctx: &mut Ctx<'_>, pkt: &IbPacketRepr<'_>, payload: Payload<'_>) {
         if !matches!(self.state, QpState::Rts | QpState::Sqd) {
             return;
         }
@@ -1195,7 +1215,7 @@ impl Qp {
         let Some(o) = self.ops.get(idx) else { return };
         let k = got;
         let last_pkt = k + 1 == o.npkts;
-        let n = pkt.payload.len() as u32;
+        let n = payload.len() as u32;
         let ok_len = if o.npkts == 1 {
             n == o.len
         } else if last_pkt {
@@ -1218,7 +1238,7 @@ impl Qp {
         }
         let sges = o.read_sges.clone();
         let offset = u64::from(k) * u64::from(mtu);
-        let res = scatter(ctx, self.pd, &sges, offset, pkt.payload);
+        let res = scatter(ctx, self.pd, &sges, offset, payload);
         let Some(o) = self.ops.get_mut(idx) else {
             return;
         };
@@ -1247,6 +1267,9 @@ impl Qp {
                 break;
             }
             let Some(o) = self.ops.pop_front() else { break };
+            // Before the completion can be seen: no frame of the operation
+            // still on the wire reads its memory after it.
+            o.revoke();
             progress = true;
             match status {
                 OpStatus::Done => {
@@ -1328,11 +1351,12 @@ impl Qp {
         src_gid: Gid,
         dst_gid: Gid,
         pkt: &IbPacketRepr<'_>,
+        payload: Payload<'_>,
     ) {
         let transport = pkt.bth.opcode.transport();
         if self.qp_type.is_datagram() {
             if transport == Transport::Ud {
-                self.receive_datagram(ctx, src_gid, dst_gid, pkt);
+                self.receive_datagram(ctx, src_gid, dst_gid, pkt, payload);
             }
             return;
         }
@@ -1352,9 +1376,9 @@ impl Qp {
                 self.comm_est = true;
                 self.event(ctx, AsyncEvent::CommEstablished { qpn: self.qpn });
             }
-            self.on_request(ctx, pkt);
+            self.on_request(ctx, pkt, payload);
         } else {
-            self.on_response(ctx, pkt);
+            self.on_response(ctx, pkt, payload);
         }
     }
 
@@ -1373,7 +1397,7 @@ impl Qp {
         self.emit_responses(ctx);
     }
 
-    fn on_request(&mut self, ctx: &mut Ctx<'_>, pkt: &IbPacketRepr<'_>) {
+    fn on_request(&mut self, ctx: &mut Ctx<'_>, pkt: &IbPacketRepr<'_>, payload: Payload<'_>) {
         let psn = pkt.bth.psn;
         let d = psn.diff(self.epsn);
         let operation = pkt.bth.opcode.operation();
@@ -1401,7 +1425,7 @@ impl Qp {
         }
         self.nak_sent = false;
         let mtu = self.mtu() as usize;
-        let n = pkt.payload.len();
+        let n = payload.len();
         let opc = pkt.bth.opcode;
         // Packet length rules (rxe_resp_check_length).
         let len_ok = if opc.is_first() || opc.is_middle() {
@@ -1420,9 +1444,9 @@ impl Qp {
             );
         }
         if opc.is_send() {
-            self.on_send(ctx, pkt);
+            self.on_send(ctx, pkt, payload);
         } else if opc.is_rdma_write() {
-            self.on_write(ctx, pkt);
+            self.on_write(ctx, pkt, payload);
         } else if operation == Operation::RdmaReadRequest {
             let Some(reth) = pkt.reth else { return };
             if self.recv.is_some() || self.write.is_some() {
@@ -1479,7 +1503,7 @@ impl Qp {
         self.queue_ack(psn, AethSyndrome::RnrNak(t));
     }
 
-    fn on_send(&mut self, ctx: &mut Ctx<'_>, pkt: &IbPacketRepr<'_>) {
+    fn on_send(&mut self, ctx: &mut Ctx<'_>, pkt: &IbPacketRepr<'_>, payload: Payload<'_>) {
         let psn = pkt.bth.psn;
         let opc = pkt.bth.opcode;
         if opc.starts_message() {
@@ -1514,7 +1538,7 @@ impl Qp {
         let Some(mut r) = self.recv.take() else {
             return;
         };
-        if let Err(s) = scatter(ctx, self.pd, &r.wqe.sges, r.offset, pkt.payload) {
+        if let Err(s) = scatter(ctx, self.pd, &r.wqe.sges, r.offset, payload) {
             let mut c = self.cqe(CqeOpcode::RespErr, 0, r.counter as u16);
             c.syndrome = s as u8;
             let _ = self.push_cqe(ctx, false, &c);
@@ -1530,7 +1554,7 @@ impl Qp {
                 AsyncEvent::QpRequestError { qpn: self.qpn },
             );
         }
-        r.offset += pkt.payload.len() as u64;
+        r.offset += payload.len() as u64;
         self.epsn = self.epsn.next();
         if !opc.ends_message() {
             self.recv = Some(r);
@@ -1570,7 +1594,7 @@ impl Qp {
         }
     }
 
-    fn on_write(&mut self, ctx: &mut Ctx<'_>, pkt: &IbPacketRepr<'_>) {
+    fn on_write(&mut self, ctx: &mut Ctx<'_>, pkt: &IbPacketRepr<'_>, payload: Payload<'_>) {
         let psn = pkt.bth.psn;
         let opc = pkt.bth.opcode;
         let req_err = AsyncEvent::QpRequestError { qpn: self.qpn };
@@ -1598,9 +1622,9 @@ impl Qp {
                 }
             }
             let fits = if opc.is_only() {
-                pkt.payload.len() as u64 == len
+                payload.len() as u64 == len
             } else {
-                len > pkt.payload.len() as u64
+                len > payload.len() as u64
             };
             if !fits {
                 return self.nak_and_error(ctx, psn, NakCode::INVALID_REQUEST, req_err);
@@ -1638,7 +1662,7 @@ impl Qp {
         let Some(mut w) = self.write.take() else {
             return;
         };
-        let n = pkt.payload.len() as u64;
+        let n = payload.len() as u64;
         if n > w.remaining || (opc.ends_message() && n != w.remaining) {
             return self.nak_and_error(ctx, psn, NakCode::INVALID_REQUEST, req_err);
         }
@@ -1652,7 +1676,7 @@ impl Qp {
                 n,
                 true,
             )
-            .and_then(|mr| mr_write(ctx.mem, mr, w.va, pkt.payload));
+            .and_then(|mr| mr_write(ctx.mem, mr, w.va, payload));
             if res.is_err() {
                 return self.nak_and_error(ctx, psn, NakCode::REMOTE_ACCESS_ERROR, acc_err);
             }
@@ -1799,7 +1823,6 @@ impl Qp {
         }
         let mut budget = RESP_BURST;
         let mtu = self.mtu();
-        let mut buf = vec![0u8; mtu as usize];
         while budget > 0 {
             let Some(item) = self.resp_out.front_mut() else {
                 break;
@@ -1824,20 +1847,12 @@ impl Qp {
                     let off = u64::from(k) * u64::from(mtu);
                     let n =
                         (u64::from(*len) - off.min(u64::from(*len))).min(u64::from(mtu)) as usize;
-                    let data = buf.get_mut(..n).unwrap_or(&mut []);
                     let (rk, v, fp, np) = (*rkey, *va, *first_psn, *npkts);
-                    let read_ok = n == 0
-                        || check_key(
-                            ctx.mrs,
-                            rk,
-                            self.pd,
-                            AccessFlags::REMOTE_READ,
-                            v + off,
-                            n as u64,
-                            true,
-                        )
-                        .and_then(|mr| mr_read(ctx.mem, mr, v + off, data))
-                        .is_ok();
+                    // The data by reference: the memory behind the key,
+                    // checked now, read when the requester places it (see
+                    // `super::payload`).
+                    let data = read_response_data(ctx, self.pd, rk, v + off, n);
+                    let read_ok = data.is_ok();
                     *next_pkt += 1;
                     let done = *next_pkt >= np;
                     if done {
@@ -1877,8 +1892,7 @@ impl Qp {
                         ack_req: false,
                         psn: fp.wrapping_add(k),
                     };
-                    let data = buf.get(..n).unwrap_or(&[]);
-                    let mut pkt = IbPacketRepr::new(bth, data);
+                    let mut pkt = IbPacketRepr::new(bth, &[]);
                     if opcode.has_aeth() {
                         pkt.aeth = Some(AethRepr {
                             syndrome: AethSyndrome::Ack(CreditCount::INVALID),
@@ -1890,13 +1904,18 @@ impl Qp {
                     } else {
                         self.attr.av.hop_limit
                     };
-                    ctx.out.send(
+                    let payload = SharedPayload {
+                        src: data.unwrap_or_else(|()| Source::Bytes(Arc::default())),
+                        range: 0..n,
+                    };
+                    ctx.out.send_shared(
                         ctx.local_gid,
                         self.attr.av.dgid,
                         self.attr.av.traffic_class,
                         hop,
                         self.udp_src_port(),
                         &pkt,
+                        payload,
                     );
                     budget -= 1;
                 }
@@ -1911,6 +1930,7 @@ impl Qp {
         src_gid: Gid,
         dst_gid: Gid,
         pkt: &IbPacketRepr<'_>,
+        payload: Payload<'_>,
     ) {
         if !matches!(
             self.state,
@@ -1942,17 +1962,17 @@ impl Qp {
         };
         let mut grh = [0u8; GRH_LEN];
         grh[0] = 0x60;
-        grh[4..6].copy_from_slice(&(pkt.payload.len() as u16).to_be_bytes());
+        grh[4..6].copy_from_slice(&(payload.len() as u16).to_be_bytes());
         grh[6] = 0x1b;
         grh[7] = 64;
         grh[8..24].copy_from_slice(&src_gid.0);
         grh[24..40].copy_from_slice(&dst_gid.0);
-        let total = (GRH_LEN + pkt.payload.len()) as u64;
+        let total = (GRH_LEN + payload.len()) as u64;
         let res = if total > r.wqe.capacity() {
             Err(Syndrome::LocalLength)
         } else {
-            scatter(ctx, self.pd, &r.wqe.sges, 0, &grh)
-                .and_then(|()| scatter(ctx, self.pd, &r.wqe.sges, GRH_LEN as u64, pkt.payload))
+            scatter(ctx, self.pd, &r.wqe.sges, 0, Payload::Bytes(&grh))
+                .and_then(|()| scatter(ctx, self.pd, &r.wqe.sges, GRH_LEN as u64, payload))
         };
         match res {
             Ok(()) => {
@@ -1979,9 +1999,9 @@ impl Qp {
 
 /// Gathers a send WQE's data into one buffer, checking every lkey; returns
 /// the buffer and how many bytes at its start are the data.
-fn gather(ctx: &Ctx<'_>, pd: u32, g: &Gather<'_>) -> Result<(Arc<Vec<u8>>, usize), Syndrome> {
+fn gather(ctx: &Ctx<'_>, pd: u32, g: &Gather<'_>) -> Result<(Source, usize), Syndrome> {
     match g {
-        Gather::Inline(b) => Ok((Arc::new(b.to_vec()), b.len())),
+        Gather::Inline(b) => Ok((Source::Bytes(Arc::new(b.to_vec())), b.len())),
         Gather::Sges(sges) => {
             let total: u64 = sges.iter().map(|s| u64::from(s.byte_count)).sum();
             if total > 1 << 31 {
@@ -2011,9 +2031,78 @@ fn gather(ctx: &Ctx<'_>, pd: u32, g: &Gather<'_>) -> Result<(Arc<Vec<u8>>, usize
                 mr_read(ctx.mem, mr, s.addr, dst).map_err(key_syndrome)?;
                 at += n;
             }
-            Ok((shared, at))
+            Ok((Source::Bytes(shared), at))
         }
     }
+}
+
+/// The data of one RDMA READ response packet, `len` bytes at `va` under the
+/// responder's `rkey` (checked now), by reference: the memory pinned, and
+/// valid only while the key's MR is unchanged (see [`super::payload`]).
+fn read_response_data(
+    ctx: &Ctx<'_>,
+    pd: u32,
+    rkey: u32,
+    va: u64,
+    len: usize,
+) -> Result<Source, ()> {
+    if len == 0 {
+        return Ok(Source::Bytes(Arc::default()));
+    }
+    let mr = check_key(
+        ctx.mrs,
+        rkey,
+        pd,
+        AccessFlags::REMOTE_READ,
+        va,
+        len as u64,
+        true,
+    )
+    .map_err(drop)?;
+    let mut shared = pinned();
+    let p = Arc::get_mut(&mut shared).ok_or(())?;
+    mr_pin(ctx.mem, mr, va, len, p).map_err(drop)?;
+    if let Some(mr) = mr {
+        p.guarded(&mr.generation);
+    }
+    Ok(Source::Pinned(shared))
+}
+
+/// Pins a send WQE's source memory, checking every lkey (exactly as
+/// [`gather`] does, now): the data by reference, read when it is placed
+/// (see [`super::payload`]). Inline data is gathered (it is in the WQE).
+/// Returns the source and its length.
+fn pin(ctx: &Ctx<'_>, pd: u32, g: &Gather<'_>) -> Result<(Source, usize), Syndrome> {
+    let Gather::Sges(sges) = g else {
+        return gather(ctx, pd, g);
+    };
+    let total: u64 = sges.iter().map(|s| u64::from(s.byte_count)).sum();
+    if total > 1 << 31 {
+        return Err(Syndrome::LocalLength);
+    }
+    let mut shared = pinned();
+    let Some(p) = Arc::get_mut(&mut shared) else {
+        return gather(ctx, pd, g);
+    };
+    for s in sges {
+        if s.byte_count == 0 {
+            continue;
+        }
+        let n = s.byte_count as usize;
+        let mr = check_key(
+            ctx.mrs,
+            s.lkey,
+            pd,
+            AccessFlags::empty(),
+            s.addr,
+            n as u64,
+            false,
+        )
+        .map_err(key_syndrome)?;
+        mr_pin(ctx.mem, mr, s.addr, n, p).map_err(key_syndrome)?;
+    }
+    let len = p.len();
+    Ok((Source::Pinned(shared), len))
 }
 
 /// Writes `data` at byte `offset` of the scatter list, checking every lkey.
@@ -2022,7 +2111,7 @@ fn scatter(
     pd: u32,
     sges: &[DataSegRepr],
     offset: u64,
-    data: &[u8],
+    data: Payload<'_>,
 ) -> Result<(), Syndrome> {
     let cap: u64 = sges.iter().map(|s| u64::from(s.byte_count)).sum();
     if offset + data.len() as u64 > cap {
@@ -2051,7 +2140,7 @@ fn scatter(
             false,
         )
         .map_err(key_syndrome)?;
-        let src = data.get(done..done + n).ok_or(Syndrome::LocalLength)?;
+        let src = data.sub(done, n).ok_or(Syndrome::LocalLength)?;
         mr_write(ctx.mem, mr, va, src).map_err(key_syndrome)?;
         done += n;
         skip = 0;
@@ -2067,6 +2156,7 @@ fn invalidate(mrs: &mut BTreeMap<u32, Mr>, key: u32, pd: u32) -> Result<(), Synd
         return Err(Syndrome::LocalProt);
     }
     mr.valid = false;
+    mr.retire();
     Ok(())
 }
 
@@ -2118,6 +2208,7 @@ fn fast_register(ctx: &mut Ctx<'_>, pd: u32, w: &SendWqe<'_>) -> Result<(), Synd
     if mr.valid || mr.pd != pd || reg.npages > max {
         return Err(Syndrome::LocalProt);
     }
+    mr.retire();
     mr.key = (reg.mkey & 0xff) as u8;
     mr.valid = true;
     mr.iova = reg.iova;

@@ -11,6 +11,7 @@ use crate::doorbell::{CqArm, CqDoorbellRecord, DoorbellRegister};
 use crate::ring::CqRing;
 
 use super::mem::{DeviceMem, PhysMemory};
+use super::payload::{Payload, Pinned};
 use super::world::{Event, Outbox, Shared};
 
 /// Index part of the reserved (physical, local-only) lkey.
@@ -231,11 +232,27 @@ pub(crate) struct Mr {
     pub page_shift: u8,
     pub pages: Vec<u64>,
     pub access: AccessFlags,
+    /// Moves on whenever what the key reaches may change (invalidation,
+    /// fast registration, deregistration): an RDMA READ response made under
+    /// the key, still on the wire by reference, is stale then (see
+    /// [`super::payload`]).
+    pub generation: Arc<AtomicU64>,
+}
+
+impl Drop for Mr {
+    fn drop(&mut self) {
+        self.retire();
+    }
 }
 
 impl Mr {
     pub fn mkey(&self) -> u32 {
         (self.index << 8) | u32::from(self.key)
+    }
+
+    /// What the key reached so far may no longer be read by reference.
+    pub fn retire(&self) {
+        self.generation.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Calls `f(phys, len, offset_in_request)` for each physically contiguous
@@ -345,14 +362,38 @@ pub(crate) fn mr_write(
     mem: &PhysMemory,
     mr: Option<&Mr>,
     va: u64,
-    data: &[u8],
+    data: Payload<'_>,
 ) -> Result<(), KeyError> {
     match mr {
-        None => Ok(mem.write(va, data)?),
+        None => Ok(mem.write_payload(va, data)?),
         Some(mr) => mr.walk(va, data.len() as u64, |pa, n, at| {
-            let src = data.get(at..at + n).ok_or(KeyError::Bounds)?;
-            Ok(mem.write(pa, src)?)
+            let src = data.sub(at, n).ok_or(KeyError::Bounds)?;
+            Ok(mem.write_payload(pa, src)?)
         }),
+    }
+}
+
+/// Pins the memory of `va..va + len` through `mr` (or physically for
+/// `None`) onto the end of `pinned`: what a read of it would read, by
+/// reference (see [`super::payload`]).
+pub(crate) fn mr_pin(
+    mem: &PhysMemory,
+    mr: Option<&Mr>,
+    va: u64,
+    len: usize,
+    pinned: &mut Pinned,
+) -> Result<(), KeyError> {
+    if len == 0 {
+        return Ok(());
+    }
+    let mut pin = |pa: u64, n: usize| -> Result<(), KeyError> {
+        let (region, off) = mem.resolve(pa, n)?;
+        pinned.push(region, off, n);
+        Ok(())
+    };
+    match mr {
+        None => pin(va, len),
+        Some(mr) => mr.walk(va, len as u64, |pa, n, _| pin(pa, n)),
     }
 }
 
@@ -372,6 +413,7 @@ mod tests {
             page_shift: 12,
             pages,
             access: AccessFlags::LOCAL_WRITE,
+            generation: Arc::default(),
         }
     }
 
@@ -433,7 +475,7 @@ mod tests {
         // a's pages 0 and 1, b, a's page 2: two merged runs split by b.
         let m = mr(0x1000, vec![pa, pa + 4096, pb, pa + 8192]);
         let data: Vec<u8> = (0..4 * 4096u32).map(|i| (i % 251) as u8).collect();
-        mr_write(&mem, Some(&m), 0x1000 + 5, &data[5..]).unwrap();
+        mr_write(&mem, Some(&m), 0x1000 + 5, Payload::Bytes(&data[5..])).unwrap();
         let mut back = vec![0u8; data.len() - 5];
         mr_read(&mem, Some(&m), 0x1000 + 5, &mut back).unwrap();
         assert_eq!(back, data[5..]);
@@ -447,7 +489,7 @@ mod tests {
         // whole piece.
         let bad = mr(0x1000, vec![pb, pb + 4096]);
         assert_eq!(
-            mr_write(&mem, Some(&bad), 0x1000, &data[..8192]),
+            mr_write(&mem, Some(&bad), 0x1000, Payload::Bytes(&data[..8192])),
             Err(KeyError::Unmapped)
         );
     }

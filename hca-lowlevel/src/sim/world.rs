@@ -26,6 +26,7 @@ use crate::wire::{
 use super::fault::{FaultConfig, Faults};
 use super::link::{Delivery, EthLink};
 use super::mem::PhysMemory;
+use super::payload::{Payload, Source, recycle_pinned};
 use super::qp::{Ctx, Qp, recycle_payload};
 use super::resources::{Cq, CqShared, Mr};
 
@@ -47,26 +48,60 @@ pub(crate) enum Event {
     Async(Arc<dyn AsyncEventHandler>, AsyncEvent),
 }
 
-/// A slice of a send operation's gathered data, shared with it: the
-/// payload of a frame sent by reference ([`Outbox::send_shared`]).
+/// A slice of a payload held by reference: the payload of a frame sent by
+/// reference ([`Outbox::send_shared`]).
 pub(crate) struct SharedPayload {
-    pub buf: Arc<Vec<u8>>,
+    pub src: Source,
     pub range: core::ops::Range<usize>,
 }
 
 impl SharedPayload {
-    fn bytes(&self) -> &[u8] {
-        self.buf.get(self.range.clone()).unwrap_or(&[])
+    /// The payload as the receiver sees it (an empty one if the range is
+    /// out of bounds, which the senders rule out).
+    fn payload(&self) -> Payload<'_> {
+        let r = self.range.clone();
+        match &self.src {
+            Source::Bytes(b) => Payload::Bytes(b.get(r).unwrap_or(&[])),
+            Source::Pinned(p) if r.start <= r.end && r.end <= p.len() => Payload::Pinned {
+                src: p,
+                start: r.start,
+                len: r.end - r.start,
+            },
+            Source::Pinned(_) => Payload::Bytes(&[]),
+        }
+    }
+
+    /// False once the source may no longer be read for the wire (see
+    /// [`super::payload`]): the frame is then lost.
+    fn valid(&self) -> bool {
+        match &self.src {
+            Source::Bytes(_) => true,
+            Source::Pinned(p) => p.valid(),
+        }
+    }
+
+    /// Gives the payload's buffers back to their pools, if this was their
+    /// last holder.
+    fn recycle(self) {
+        match self.src {
+            Source::Bytes(b) => recycle_payload(b),
+            Source::Pinned(p) => recycle_pinned(p),
+        }
     }
 }
 
+/// Zeros standing in for a by-reference payload where only its length
+/// matters (the packet check before a frame is sent by reference).
+static NO_BYTES: [u8; DIRECT_MAX_PAYLOAD] = [0; DIRECT_MAX_PAYLOAD];
+
 /// A frame not yet written out: its headers, and its payload by reference
-/// to the sender's gathered data. On a plain in-process link (no fault
-/// configuration, no capture, no Ethernet link: where the ICRC is already
-/// trusted) it is delivered as it is, so the receiver places the payload
-/// straight from the sender's gather buffer: no frame copy and no ICRC.
-/// Everywhere else it is written out first ([`Frame::into_bytes`]), byte
-/// for byte the frame [`Outbox::send`] would have built.
+/// (the sender's gathered data, or the sender's own memory, pinned). On a
+/// plain in-process link (no fault configuration, no capture, no Ethernet
+/// link: where the ICRC is already trusted) it is delivered as it is, so
+/// the receiver places the payload straight from where it is: no frame
+/// copy and no ICRC, and for pinned memory no gather either (one copy per
+/// byte). Everywhere else it is written out first ([`Frame::into_bytes`]),
+/// byte for byte the frame [`Outbox::send`] would have built.
 pub(crate) struct DirectFrame {
     /// The frame's headers; its packet's payload is empty (it is
     /// `payload`).
@@ -75,15 +110,33 @@ pub(crate) struct DirectFrame {
 }
 
 impl DirectFrame {
-    /// The frame as its parser would return it.
-    fn repr(&self) -> RoceV2FrameRepr<'_> {
+    /// The frame's headers (with an empty payload) and its payload.
+    fn parts(&self) -> (RoceV2FrameRepr<'static>, Payload<'_>) {
+        (self.headers, self.payload.payload())
+    }
+
+    /// The frame written out (`None` if the emitter rejects it, or pinned
+    /// memory cannot be read).
+    fn emit(&self) -> Option<Vec<u8>> {
+        let bytes;
+        let data = match self.payload.payload() {
+            Payload::Bytes(b) => b,
+            p => {
+                bytes = p.to_vec().ok()?;
+                bytes.as_slice()
+            }
+        };
         let mut frame: RoceV2FrameRepr<'_> = self.headers;
-        frame.packet.payload = self.payload.bytes();
-        frame
+        frame.packet.payload = data;
+        emit_frame(&frame)
     }
 }
 
 /// A frame handed to the fabric.
+#[expect(
+    clippy::large_enum_variant,
+    reason = "a frame is moved a few times; boxing it cost an allocation per frame"
+)]
 pub(crate) enum Frame {
     /// A RoCEv2 frame, ICRC included.
     Bytes(Vec<u8>),
@@ -97,7 +150,11 @@ impl Frame {
     fn into_bytes(self) -> Option<Vec<u8>> {
         match self {
             Frame::Bytes(b) => Some(b),
-            Frame::Direct(d) => emit_frame(&d.repr()),
+            Frame::Direct(d) => {
+                let b = d.emit();
+                d.payload.recycle();
+                b
+            }
         }
     }
 
@@ -105,9 +162,9 @@ impl Frame {
     fn recycle(self) {
         match self {
             Frame::Bytes(b) => recycle_frame(b),
-            // The gather buffer goes back to its pool if this frame was
+            // The payload's buffer goes back to its pool if this frame was
             // its last holder (the send operation completed first).
-            Frame::Direct(d) => recycle_payload(d.payload.buf),
+            Frame::Direct(d) => d.payload.recycle(),
         }
     }
 }
@@ -220,10 +277,17 @@ impl Outbox {
         pkt: &IbPacketRepr<'_>,
         payload: SharedPayload,
     ) {
+        let data = payload.payload();
         let mut full = *pkt;
-        full.payload = payload.bytes();
+        full.payload = match data {
+            Payload::Bytes(b) => b,
+            Payload::Pinned { len, .. } => match NO_BYTES.get(..len) {
+                Some(zeros) => zeros,
+                None => return self.send_materialized(src, dst, tos, ttl, udp_src_port, pkt, data),
+            },
+        };
         if full.check().is_err() || full.payload.len() > DIRECT_MAX_PAYLOAD {
-            return self.send(src, dst, tos, ttl, udp_src_port, &full);
+            return self.send_materialized(src, dst, tos, ttl, udp_src_port, pkt, data);
         }
         let Some(headers) = roce_frame(src, dst, tos, ttl, udp_src_port, headers_only(pkt)) else {
             self.unroutable += 1;
@@ -231,6 +295,36 @@ impl Outbox {
         };
         self.frames
             .push((dst, Frame::Direct(DirectFrame { headers, payload })));
+    }
+
+    /// [`Self::send`] of `pkt` with `data` as its payload, read now.
+    #[expect(clippy::too_many_arguments, reason = "send's, and the payload")]
+    fn send_materialized(
+        &mut self,
+        src: Gid,
+        dst: Gid,
+        tos: u8,
+        ttl: u8,
+        udp_src_port: u16,
+        pkt: &IbPacketRepr<'_>,
+        data: Payload<'_>,
+    ) {
+        let bytes;
+        let mut full = *pkt;
+        full.payload = match data {
+            Payload::Bytes(b) => b,
+            p => match p.to_vec() {
+                Ok(v) => {
+                    bytes = v;
+                    bytes.as_slice()
+                }
+                Err(_) => {
+                    self.unroutable += 1;
+                    return;
+                }
+            },
+        };
+        self.send(src, dst, tos, ttl, udp_src_port, &full);
     }
 }
 
@@ -331,10 +425,16 @@ pub struct FabricStats {
     /// fault configuration and no capture (the ICRC is computed once, at
     /// emit). Every other frame is verified in full.
     pub icrc_trusted: u64,
-    /// Of those, frames delivered as headers and a reference to the
-    /// sender's gathered payload, never written out (so with no ICRC at
-    /// all): the receiver's placement is the one copy of their payload.
+    /// Of those, frames delivered as headers and a reference to their
+    /// payload (the sender's pinned memory, or its gathered bytes), never
+    /// written out (so with no ICRC at all): for pinned memory the
+    /// receiver's placement is the one copy of the payload.
     pub frames_direct: u64,
+    /// Frames by reference dropped as lost because their source was
+    /// revoked before placement: a send flushed (completed in error) with
+    /// its packets still on the wire, or an RDMA READ response whose
+    /// responder key changed (see the module `payload`).
+    pub dropped_stale_source: u64,
     /// Frames to an unknown GID, a port that is down, or no such QP.
     pub dropped_unroutable: u64,
 }
@@ -404,16 +504,31 @@ impl Hca {
         for cq in self.cqs.values_mut() {
             cq.process_arm(out);
         }
-        let qpns: Vec<u32> = self.qps.keys().copied().collect();
-        for qpn in qpns {
-            progress |= self
-                .with_qp(qpn, now, out, |qp, ctx| {
-                    let mut p = qp.on_timer(ctx);
-                    p |= qp.run_send_side(ctx);
-                    p |= qp.emit_responses(ctx);
-                    p
-                })
-                .unwrap_or(false);
+        // Every QP in turn, with the rest of the HCA as its context (no
+        // list of QPNs collected per pass: that was an allocation per HCA
+        // per engine pass).
+        let Hca {
+            gid,
+            mem,
+            cqs,
+            qps,
+            mrs,
+            async_handler,
+            ..
+        } = self;
+        for qp in qps.values_mut() {
+            let mut ctx = Ctx {
+                mem,
+                mrs,
+                cqs,
+                async_handler,
+                out,
+                now,
+                local_gid: *gid,
+            };
+            progress |= qp.on_timer(&mut ctx);
+            progress |= qp.run_send_side(&mut ctx);
+            progress |= qp.emit_responses(&mut ctx);
         }
         progress
     }
@@ -529,6 +644,8 @@ pub(crate) struct World {
     pub stats: FabricStats,
     pub capture: Option<Vec<CapturedFrame>>,
     pub faults: Faults,
+    /// See [`Self::recycle_outbox`].
+    spare_outbox: Option<Outbox>,
 }
 
 impl World {
@@ -543,14 +660,31 @@ impl World {
             stats: FabricStats::default(),
             capture: None,
             faults: Faults::new(seed),
+            spare_outbox: None,
         }
     }
 
-    /// Hands an outbox's frames to the fabric and its events to the world.
-    pub fn absorb(&mut self, src: usize, out: Outbox) {
-        self.stats.dropped_unroutable += out.unroutable;
-        self.events.extend(out.events);
-        for (dst_gid, mut frame) in out.frames {
+    /// An empty outbox, with the capacity of one used before (see
+    /// [`Self::recycle_outbox`]).
+    pub fn outbox(&mut self) -> Outbox {
+        self.spare_outbox.take().unwrap_or_default()
+    }
+
+    /// Keeps an absorbed (empty) outbox for the next [`Self::outbox`]: two
+    /// fresh vectors grown per HCA per engine pass and per delivered frame
+    /// were a measurable share of a packet's cost.
+    pub fn recycle_outbox(&mut self, out: Outbox) {
+        if out.frames.is_empty() && out.events.is_empty() {
+            self.spare_outbox = Some(out);
+        }
+    }
+
+    /// Hands an outbox's frames to the fabric and its events to the world;
+    /// the outbox is left empty.
+    pub fn absorb(&mut self, src: usize, out: &mut Outbox) {
+        self.stats.dropped_unroutable += core::mem::take(&mut out.unroutable);
+        self.events.append(&mut out.events);
+        for (dst_gid, mut frame) in out.frames.drain(..) {
             self.stats.frames_sent += 1;
             let on_link = self.hcas.get(src).is_some_and(|h| h.link.is_some());
             if self.capture.is_some() || on_link {
@@ -642,10 +776,16 @@ impl World {
         let bytes = match frame {
             Frame::Bytes(b) => b,
             Frame::Direct(d) => {
+                if !d.payload.valid() {
+                    // Its source was revoked (see `super::payload`): lost.
+                    self.stats.dropped_stale_source += 1;
+                    return Delivery::Unroutable;
+                }
                 // Never written out, so there is no ICRC to check.
                 self.stats.icrc_trusted += 1;
                 self.stats.frames_direct += 1;
-                return self.deliver_parsed(dst, &d.repr());
+                let (frame, payload) = d.parts();
+                return self.deliver_parsed(dst, &frame, payload);
             }
         };
         let frame = bytes.as_slice();
@@ -666,11 +806,16 @@ impl World {
                 return Delivery::Malformed;
             }
         };
-        self.deliver_parsed(dst, &parsed)
+        self.deliver_parsed(dst, &parsed, Payload::Bytes(parsed.packet.payload))
     }
 
     /// Hands a parsed frame to the QP it names on HCA `dst`.
-    fn deliver_parsed(&mut self, dst: usize, parsed: &RoceV2FrameRepr<'_>) -> Delivery {
+    fn deliver_parsed(
+        &mut self,
+        dst: usize,
+        parsed: &RoceV2FrameRepr<'_>,
+        payload: Payload<'_>,
+    ) -> Delivery {
         let now = self.now;
         let Some(hca) = self.hcas.get_mut(dst) else {
             return Delivery::Unroutable;
@@ -690,11 +835,14 @@ impl World {
                 }
             }
         }
-        let mut out = Outbox::default();
+        let mut out = self.outbox();
+        let Some(hca) = self.hcas.get_mut(dst) else {
+            return Delivery::Unroutable;
+        };
         let (src, dstg) = (parsed.src_gid(), parsed.dst_gid());
         if hca
             .with_qp(qpn, now, &mut out, |qp, ctx| {
-                qp.receive(ctx, src, dstg, &pkt)
+                qp.receive(ctx, src, dstg, &pkt, payload)
             })
             .is_none()
         {
@@ -702,7 +850,8 @@ impl World {
             return Delivery::Unroutable;
         }
         self.stats.frames_delivered += 1;
-        self.absorb(dst, out);
+        self.absorb(dst, &mut out);
+        self.recycle_outbox(out);
         Delivery::Delivered
     }
 
@@ -742,10 +891,11 @@ impl World {
         let mut progress = false;
         let now = self.now;
         for i in 0..self.hcas.len() {
-            let mut out = Outbox::default();
+            let mut out = self.outbox();
             let p = self.hcas.get_mut(i).is_some_and(|h| h.pass(now, &mut out));
             progress |= p || !out.frames.is_empty() || !out.events.is_empty();
-            self.absorb(i, out);
+            self.absorb(i, &mut out);
+            self.recycle_outbox(out);
         }
         while let Some(f) = self.wire.pop_due(now) {
             self.deliver(f.dst, &f.frame, f.unaltered);
@@ -1050,6 +1200,7 @@ impl Shared {
 
 #[cfg(test)]
 mod tests {
+    use super::super::payload::Pinned;
     use super::*;
     use crate::wire::{AethRepr, BthRepr, ImmDtRepr, Opcode, Operation, Psn, Qpn, RethRepr};
 
@@ -1071,14 +1222,77 @@ mod tests {
         }
     }
 
-    /// A frame sent by reference is, written out, byte for byte the frame
-    /// `send` writes, and its bytes (ICRC verified) parse to the packet
-    /// the receiver gets by reference; packets the emitter rejects take
-    /// the byte path and are dropped as before.
+    /// The 4,200 bytes of `data` in two pieces of pinned memory (the first
+    /// starting mid-word), and the buffers that hold them.
+    fn pinned_copy(data: &[u8]) -> (Arc<Pinned>, Vec<crate::dma::DmaBuffer>) {
+        let mem = super::super::mem::PhysMemory::new(1 << 20);
+        let a = mem.alloc(3000).unwrap();
+        let b = mem.alloc(2000).unwrap();
+        a.write(5, &data[..2995]).unwrap();
+        b.write(0, &data[2995..]).unwrap();
+        let mut p = super::super::payload::pinned();
+        let pm = Arc::get_mut(&mut p).unwrap();
+        let (ra, oa) = mem.resolve(a.phys_addr().get() + 5, 2995).unwrap();
+        let (rb, ob) = mem.resolve(b.phys_addr().get(), 1205).unwrap();
+        pm.push(ra, oa, 2995);
+        pm.push(rb, ob, 1205);
+        (p, vec![a, b])
+    }
+
+    /// A frame by reference to memory that is freed while the frame is on
+    /// the wire reads the bytes the memory held when it was freed (the
+    /// storage lives while the frame does; no one can write it any more);
+    /// a revoked source, or a READ response whose key's generation moved,
+    /// is no longer valid (the frame is then dropped as lost).
+    #[test]
+    fn a_frame_outlives_the_memory_it_references_safely() {
+        let data: Vec<u8> = (0..4200u32).map(|i| (i * 5 + 1) as u8).collect();
+        let (pinned, buffers) = pinned_copy(&data);
+        let pkt = IbPacketRepr::new(bth(Operation::SendOnly), &[]);
+        let mut out = Outbox::default();
+        let shared = SharedPayload {
+            src: Source::Pinned(pinned.clone()),
+            range: 2900..3100,
+        };
+        out.send_shared(gid(1), gid(2), 0, 64, 0xc000, &pkt, shared);
+        drop(buffers);
+        let Some((_, Frame::Direct(d))) = out.frames.pop() else {
+            panic!("a direct frame expected");
+        };
+        assert!(d.payload.valid());
+        assert_eq!(d.parts().1.to_vec().unwrap(), data[2900..3100]);
+        assert_eq!(
+            RoceV2FrameRepr::parse(&d.emit().unwrap())
+                .unwrap()
+                .packet
+                .payload,
+            &data[2900..3100]
+        );
+        pinned.revoke();
+        assert!(!d.payload.valid());
+        // A READ response's guard: valid until its key's generation moves.
+        let generation = Arc::new(core::sync::atomic::AtomicU64::new(7));
+        let mut guarded = super::super::payload::pinned();
+        Arc::get_mut(&mut guarded).unwrap().guarded(&generation);
+        let g = SharedPayload {
+            src: Source::Pinned(guarded),
+            range: 0..0,
+        };
+        assert!(g.valid());
+        generation.fetch_add(1, core::sync::atomic::Ordering::Relaxed);
+        assert!(!g.valid());
+    }
+
+    /// A frame sent by reference (gathered bytes or pinned memory) is,
+    /// written out, byte for byte the frame `send` writes, and its bytes
+    /// (ICRC verified) parse to the packet the receiver gets by reference;
+    /// packets the emitter rejects take the byte path and are dropped as
+    /// before.
     #[test]
     fn a_direct_frame_is_the_frame_the_emitter_writes() {
         let data: Vec<u8> = (0..4200u32).map(|i| (i * 7 + 3) as u8).collect();
-        let buf = Arc::new(data);
+        let buf = Arc::new(data.clone());
+        let (pinned, _buffers) = pinned_copy(&data);
         let reth = RethRepr {
             va: 0x1234_5678_9abc,
             rkey: 0x55aa_0102,
@@ -1094,31 +1308,47 @@ mod tests {
                 IbPacketRepr::new(bth(Operation::RdmaWriteMiddle), &[]),
                 5..1029,
             ),
+            (
+                IbPacketRepr::new(bth(Operation::RdmaWriteMiddle), &[]),
+                2990..3000,
+            ),
             (last_imm, 3..4),
             (IbPacketRepr::new(bth(Operation::SendOnly), &[]), 0..0),
             (IbPacketRepr::new(bth(Operation::SendLast), &[]), 7..4103),
         ];
         for (pkt, range) in cases {
-            let mut direct = Outbox::default();
-            let shared = SharedPayload {
-                buf: buf.clone(),
-                range: range.clone(),
-            };
-            direct.send_shared(gid(1), gid(2), 3, 64, 0xc000, &pkt, shared);
-            let mut full = pkt;
-            full.payload = &buf[range.clone()];
-            let mut bytes = Outbox::default();
-            bytes.send(gid(1), gid(2), 3, 64, 0xc000, &full);
-            let (Some((dg, Frame::Direct(d))), Some((bg, Frame::Bytes(b)))) =
-                (direct.frames.pop(), bytes.frames.pop())
-            else {
-                panic!("one direct frame and one byte frame expected");
-            };
-            assert_eq!((dg, bg), (gid(2), gid(2)));
-            let parsed = RoceV2FrameRepr::parse(&b).unwrap();
-            assert_eq!(parsed, d.repr(), "{range:?}");
-            assert_eq!(d.repr().packet, full);
-            assert_eq!(Frame::Direct(d).into_bytes().unwrap(), b, "{range:?}");
+            for by_ref in [false, true] {
+                let mut direct = Outbox::default();
+                let src = if by_ref {
+                    Source::Pinned(pinned.clone())
+                } else {
+                    Source::Bytes(buf.clone())
+                };
+                let shared = SharedPayload {
+                    src,
+                    range: range.clone(),
+                };
+                direct.send_shared(gid(1), gid(2), 3, 64, 0xc000, &pkt, shared);
+                let mut full = pkt;
+                full.payload = &buf[range.clone()];
+                let mut bytes = Outbox::default();
+                bytes.send(gid(1), gid(2), 3, 64, 0xc000, &full);
+                let (Some((dg, Frame::Direct(d))), Some((bg, Frame::Bytes(b)))) =
+                    (direct.frames.pop(), bytes.frames.pop())
+                else {
+                    panic!("one direct frame and one byte frame expected");
+                };
+                assert_eq!((dg, bg), (gid(2), gid(2)));
+                let (headers, payload) = d.parts();
+                let placed = payload.to_vec().unwrap();
+                let mut repr = headers;
+                repr.packet.payload = &placed;
+                let parsed = RoceV2FrameRepr::parse(&b).unwrap();
+                assert_eq!(parsed, repr, "{range:?} {by_ref}");
+                assert_eq!(repr.packet, full);
+                assert!(d.payload.valid());
+                assert_eq!(Frame::Direct(d).into_bytes().unwrap(), b, "{range:?}");
+            }
         }
         // An ACK with a payload is rejected by the emitter: no frame.
         let mut ack = IbPacketRepr::new(bth(Operation::Acknowledge), &[]);
@@ -1128,14 +1358,17 @@ mod tests {
         });
         let mut out = Outbox::default();
         let shared = SharedPayload {
-            buf: buf.clone(),
+            src: Source::Pinned(pinned.clone()),
             range: 0..8,
         };
         out.send_shared(gid(1), gid(2), 0, 64, 0xc000, &ack, shared);
         assert!(out.frames.is_empty());
         assert_eq!(out.unroutable, 1);
         // A GID that is not IPv4-mapped is unroutable either way.
-        let shared = SharedPayload { buf, range: 0..8 };
+        let shared = SharedPayload {
+            src: Source::Bytes(buf),
+            range: 0..8,
+        };
         let pkt = IbPacketRepr::new(bth(Operation::SendOnly), &[]);
         out.send_shared(gid(1), Gid([0xfe; 16]), 0, 64, 0xc000, &pkt, shared);
         assert!(out.frames.is_empty());

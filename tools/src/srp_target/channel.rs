@@ -932,10 +932,19 @@ impl Channel {
             Transfer::None => (None, 0),
             Transfer::In(_) => (None, cmd.total),
             Transfer::Out(_) => {
-                data_out.clear();
-                data_out.resize(cmd.total as usize, 0);
-                if let Some(buf) = &cmd.staging {
-                    let _ = buf.mr.mem().read(0, &mut data_out);
+                // The staging read overwrites every byte, so the buffer is
+                // not zeroed first (a 64 KiB memset per WRITE); only a
+                // failed read falls back to zeros, never to an earlier
+                // command's bytes.
+                let total = cmd.total as usize;
+                data_out.truncate(total);
+                data_out.resize(total, 0);
+                let read = cmd
+                    .staging
+                    .as_ref()
+                    .is_some_and(|buf| buf.mr.mem().read(0, &mut data_out).is_ok());
+                if !read {
+                    data_out.fill(0);
                 }
                 (Some(&data_out[..]), 0)
             }
