@@ -149,6 +149,12 @@ impl<C> Polled<'_, C> {
     pub fn remaining(&self) -> usize {
         self.batch.len()
     }
+
+    /// The batch itself, for a crate-internal view over it (the CQ's
+    /// [`crate::cq::WorkCompletions`]).
+    pub(crate) fn batch_mut(&mut self) -> &mut PollBatch<C> {
+        self.batch
+    }
 }
 
 impl<C> Iterator for Polled<'_, C> {
