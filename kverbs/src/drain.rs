@@ -256,6 +256,9 @@ impl DrainLoop {
     /// # IRQL
     ///
     /// `DISPATCH_LEVEL`.
+    // Inline: into the DPC routine it saves a call and the spill of its
+    // six arguments on every drain round (every completion round at QD 1).
+    #[inline]
     pub fn run<S, H>(
         &self,
         source: &S,
