@@ -86,14 +86,14 @@ pub trait CqHandler<C>: Send + Sync {
     /// [`Self::on_completion`]; whatever an override leaves unread is then
     /// delivered one by one the same way, so none is lost.
     ///
+    /// `completions` is a concrete iterator, not a `dyn` one: its `next`
+    /// inlines into the override, so taking a completion is no dynamic
+    /// call and the end of the batch is one compare.
+    ///
     /// # IRQL
     ///
     /// `DISPATCH_LEVEL` (the CQ's DPC, or an inline drain raised to it).
-    fn on_completions(
-        &self,
-        completions: &mut dyn Iterator<Item = Completion<C>>,
-        irql: &Dispatch<'_>,
-    ) {
+    fn on_completions(&self, completions: &mut WorkCompletions<'_, C>, irql: &Dispatch<'_>) {
         for completion in completions {
             self.on_completion(completion, irql);
         }
@@ -143,12 +143,25 @@ impl CqConfig {
 }
 
 /// What one CQE turns into.
-pub(crate) enum CqItem<P: Platform, C: Send + 'static> {
+pub(crate) enum CqItem<C> {
     /// A completion for the consumer.
     Wc(Completion<C>),
     /// A QP's drain marker: every completion of that queue before it has
     /// been delivered.
-    Marker(Arc<QpShared<P, C>>, QueueKind),
+    Marker(Arc<dyn DrainMarker>, QueueKind),
+}
+
+/// A QP whose drain marker a poll found: behind a `dyn` so that a polled
+/// batch — and the consumer's [`WorkCompletions`] over it — does not
+/// depend on the platform type (markers are rare: one per queue when a
+/// QP is flushed).
+pub(crate) trait DrainMarker: Send + Sync {
+    /// The marker of `queue` reached the handler stage.
+    ///
+    /// # IRQL
+    ///
+    /// `DISPATCH_LEVEL`.
+    fn marker_completed(&self, queue: QueueKind, irql: &Dispatch<'_>);
 }
 
 /// The attached QPs, read by every poll without a lock.
@@ -205,7 +218,7 @@ impl<P: Platform, C: Send + 'static> CqCore<P, C> {
         &self,
         cqe: &CqeRepr,
         qps: &ReadClaim<'_, QpShared<P, C>, MAX_QPS_PER_CQ>,
-    ) -> Option<CqItem<P, C>> {
+    ) -> Option<CqItem<C>> {
         let qp = qps.find(|q| q.qpn == cqe.qpn)?;
         let send = matches!(cqe.opcode, CqeOpcode::Req | CqeOpcode::ReqErr);
         if send {
@@ -217,18 +230,16 @@ impl<P: Platform, C: Send + 'static> CqCore<P, C> {
 }
 
 impl<P: Platform, C: Send + 'static> CompletionSource for CqCore<P, C> {
-    type Completion = CqItem<P, C>;
+    type Completion = CqItem<C>;
 
-    fn poll(&self, out: &mut PollBatch<CqItem<P, C>>, _irql: &Dispatch<'_>) {
+    fn poll(&self, out: &mut PollBatch<CqItem<C>>, _irql: &Dispatch<'_>) {
         let Some(claim) = self.claim() else { return };
         let start = self.ci.load(Ordering::Relaxed);
-        // The ring's words looked up once for the whole batch.
+        // The ring's words looked up once for the whole batch. No separate
+        // "is anything there" look first: the loop's first owner-bit check
+        // is that look, and a poll almost always finds a CQE (the drain
+        // loop polls again only when notified or told of missed events).
         let ring = self.ring.view();
-        // Nothing there (the poll after a short batch, after an arm): one
-        // owner-bit load.
-        if !ring.is_ready(start) {
-            return;
-        }
         let mut ci = start;
         {
             while !out.is_full() {
@@ -307,8 +318,8 @@ pub(crate) struct CqDeliver<P: Platform, C: Send + 'static> {
     rundown: Arc<Rundown<P>>,
 }
 
-impl<P: Platform, C: Send + 'static> CompletionHandler<CqItem<P, C>> for CqDeliver<P, C> {
-    fn on_completion(&self, item: CqItem<P, C>, irql: &Dispatch<'_>) {
+impl<P: Platform, C: Send + 'static> CompletionHandler<CqItem<C>> for CqDeliver<P, C> {
+    fn on_completion(&self, item: CqItem<C>, irql: &Dispatch<'_>) {
         match item {
             CqItem::Wc(wc) => {
                 if let Some(_entered) = self.rundown.acquire() {
@@ -322,7 +333,7 @@ impl<P: Platform, C: Send + 'static> CompletionHandler<CqItem<P, C>> for CqDeliv
     /// One run-down reference for the whole batch; the consumer sees the
     /// work completions as one iterator (drain markers are handled in
     /// their place in the order as the iterator passes them).
-    fn on_batch(&self, batch: &mut Polled<'_, CqItem<P, C>>, irql: &Dispatch<'_>) {
+    fn on_batch(&self, batch: &mut Polled<'_, CqItem<C>>, irql: &Dispatch<'_>) {
         let Some(_entered) = self.rundown.acquire() else {
             // Destroying: no completion reaches the consumer; markers still
             // complete their QPs' drains.
@@ -333,28 +344,45 @@ impl<P: Platform, C: Send + 'static> CompletionHandler<CqItem<P, C>> for CqDeliv
             }
             return;
         };
-        self.handler
-            .on_completions(&mut WorkCompletions { batch, irql }, irql);
+        let mut completions = WorkCompletions {
+            batch: batch.batch_mut(),
+            irql,
+        };
+        self.handler.on_completions(&mut completions, irql);
     }
 }
 
-/// A polled batch as the consumer's work completions: markers are
-/// completed in place as the iterator passes them.
-struct WorkCompletions<'a, 'b, 'c, P: Platform, C: Send + 'static> {
-    batch: &'a mut Polled<'b, CqItem<P, C>>,
-    irql: &'a Dispatch<'c>,
+/// The work completions of one poll of a CQ, in poll order (see
+/// [`CqHandler::on_completions`]). A QP's drain marker among them is
+/// completed in its place as the iterator passes it.
+pub struct WorkCompletions<'a, C> {
+    batch: &'a mut PollBatch<CqItem<C>>,
+    irql: &'a Dispatch<'a>,
 }
 
-impl<P: Platform, C: Send + 'static> Iterator for WorkCompletions<'_, '_, '_, P, C> {
+impl<C> Iterator for WorkCompletions<'_, C> {
     type Item = Completion<C>;
 
+    #[inline]
     fn next(&mut self) -> Option<Completion<C>> {
         loop {
-            match self.batch.next()? {
+            match self.batch.take()? {
                 CqItem::Wc(wc) => return Some(wc),
                 CqItem::Marker(qp, queue) => qp.marker_completed(queue, self.irql),
             }
         }
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        (0, Some(self.batch.len()))
+    }
+}
+
+impl<C> fmt::Debug for WorkCompletions<'_, C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WorkCompletions")
+            .field("left", &self.batch.len())
+            .finish()
     }
 }
 

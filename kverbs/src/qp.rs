@@ -71,7 +71,7 @@ use hca_lowlevel::wqe::{
     SendOpcode,
 };
 
-use crate::cq::{Cq, CqItem};
+use crate::cq::{Cq, CqItem, DrainMarker};
 use crate::device::{AsyncTarget, DeviceInner, TargetId};
 use crate::error::{PostError, PostErrorKind, VerbsError};
 use crate::irql::{AnyIrql, Dispatch, LeDispatch, Passive};
@@ -347,7 +347,7 @@ impl<P: Platform, C: Send + 'static> QpShared<P, C> {
     }
 
     /// Resolves a send-queue CQE to its work request.
-    pub(crate) fn complete_send(&self, cqe: &CqeRepr) -> Option<CqItem<P, C>> {
+    pub(crate) fn complete_send(&self, cqe: &CqeRepr) -> Option<CqItem<C>> {
         let Some(mut consumer) = self.sq_slots.consumer() else {
             self.bogus.fetch_add(1, Ordering::Relaxed);
             return None;
@@ -373,7 +373,7 @@ impl<P: Platform, C: Send + 'static> QpShared<P, C> {
     }
 
     /// Resolves a receive-queue CQE to its work request.
-    pub(crate) fn complete_recv(&self, cqe: &CqeRepr) -> Option<CqItem<P, C>> {
+    pub(crate) fn complete_recv(&self, cqe: &CqeRepr) -> Option<CqItem<C>> {
         let Some(mut consumer) = self.rq_slots.consumer() else {
             self.bogus.fetch_add(1, Ordering::Relaxed);
             return None;
@@ -470,9 +470,11 @@ impl<P: Platform, C: Send + 'static> QpShared<P, C> {
         batch.commit();
         Ok(())
     }
+}
 
+impl<P: Platform, C: Send + 'static> DrainMarker for QpShared<P, C> {
     /// A marker's completion reached its CQ's handler stage.
-    pub(crate) fn marker_completed(&self, queue: QueueKind, irql: &Dispatch<'_>) {
+    fn marker_completed(&self, queue: QueueKind, irql: &Dispatch<'_>) {
         let (done, destroy) = {
             let mut life = self.life.lock_at_dpc_level(irql);
             match queue {
@@ -499,7 +501,9 @@ impl<P: Platform, C: Send + 'static> QpShared<P, C> {
             self.submit_internal(QpRequest::Destroy, irql);
         }
     }
+}
 
+impl<P: Platform, C: Send + 'static> QpShared<P, C> {
     fn flush_failed(&self, error: VerbsError, irql: &AnyIrql<'_, '_>) {
         let destroy = with_lock(&self.life, irql, |life| {
             if life.phase != Phase::Flushing {

@@ -72,6 +72,7 @@ impl RundownRef {
     /// # IRQL
     ///
     /// Any.
+    #[inline]
     pub fn try_acquire(&self) -> bool {
         let mut current = self.state.load(Ordering::Relaxed);
         loop {
@@ -100,6 +101,7 @@ impl RundownRef {
     /// # IRQL
     ///
     /// Any.
+    #[inline]
     pub fn release(&self) -> bool {
         let previous = self.state.fetch_sub(ONE_REF, Ordering::AcqRel);
         debug_assert!(previous >= ONE_REF, "run-down reference released twice");

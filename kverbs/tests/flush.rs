@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use hca_lowlevel::device::{AsyncEvent, QpType};
-use kverbs::cq::CqHandler;
+use kverbs::cq::{CqHandler, WorkCompletions};
 use kverbs::error::VerbsError;
 use kverbs::irql::Dispatch;
 use kverbs::qp::QpHandler;
@@ -62,11 +62,7 @@ impl CqHandler<u64> for Log {
         v.push((at, c.context));
     }
 
-    fn on_completions(
-        &self,
-        completions: &mut dyn Iterator<Item = Completion<u64>>,
-        irql: &Dispatch<'_>,
-    ) {
+    fn on_completions(&self, completions: &mut WorkCompletions<'_, u64>, irql: &Dispatch<'_>) {
         match self.batch_take {
             Some(take) => completions
                 .take(take)

@@ -39,7 +39,7 @@ use alloc::sync::{Arc, Weak};
 use hca_lowlevel::device::{AccessFlags, AsyncEvent, QpType};
 use kverbs::cm::qp::init_attrs;
 use kverbs::cm::{CmEvent, CmHandler, CmId, CmPort, CmQp};
-use kverbs::cq::{Cq, CqConfig, CqHandler};
+use kverbs::cq::{Cq, CqConfig, CqHandler, WorkCompletions};
 use kverbs::error::VerbsError;
 use kverbs::irql::{Dispatch, LeDispatch, Passive};
 use kverbs::mr::{FrPool, Mr};
@@ -601,11 +601,7 @@ impl<P: Platform> CqHandler<WrCtx> for ConnHandler<P> {
 
     /// The engine and the connection are looked up once per polled batch,
     /// not once per completion.
-    fn on_completions(
-        &self,
-        completions: &mut dyn Iterator<Item = Completion<WrCtx>>,
-        irql: &Dispatch<'_>,
-    ) {
+    fn on_completions(&self, completions: &mut WorkCompletions<'_, WrCtx>, irql: &Dispatch<'_>) {
         match self.get(irql) {
             Some((engine, conn)) => {
                 for completion in completions {
