@@ -1997,6 +1997,32 @@ impl Qp {
     }
 }
 
+/// Calls `f` with the checked MR, address and length of each non-empty SGE
+/// of a send WQE, in order: every lkey is checked (local access, this PD)
+/// before its bytes are touched, and the first failure ends the walk.
+fn for_each_checked_sge(
+    ctx: &Ctx<'_>,
+    pd: u32,
+    sges: &[DataSegRepr],
+    mut f: impl FnMut(Option<&Mr>, u64, usize) -> Result<(), Syndrome>,
+) -> Result<(), Syndrome> {
+    for s in sges.iter().filter(|s| s.byte_count != 0) {
+        let n = s.byte_count as usize;
+        let mr = check_key(
+            ctx.mrs,
+            s.lkey,
+            pd,
+            AccessFlags::empty(),
+            s.addr,
+            n as u64,
+            false,
+        )
+        .map_err(key_syndrome)?;
+        f(mr, s.addr, n)?;
+    }
+    Ok(())
+}
+
 /// Gathers a send WQE's data into one buffer, checking every lkey; returns
 /// the buffer and how many bytes at its start are the data.
 fn gather(ctx: &Ctx<'_>, pd: u32, g: &Gather<'_>) -> Result<(Source, usize), Syndrome> {
@@ -2012,25 +2038,12 @@ fn gather(ctx: &Ctx<'_>, pd: u32, g: &Gather<'_>) -> Result<(Source, usize), Syn
             let mut shared = payload_buffer(total as usize);
             let out = Arc::make_mut(&mut shared);
             let mut at = 0usize;
-            for s in sges {
-                if s.byte_count == 0 {
-                    continue;
-                }
-                let n = s.byte_count as usize;
-                let mr = check_key(
-                    ctx.mrs,
-                    s.lkey,
-                    pd,
-                    AccessFlags::empty(),
-                    s.addr,
-                    n as u64,
-                    false,
-                )
-                .map_err(key_syndrome)?;
+            for_each_checked_sge(ctx, pd, sges, |mr, addr, n| {
                 let dst = out.get_mut(at..at + n).ok_or(Syndrome::LocalLength)?;
-                mr_read(ctx.mem, mr, s.addr, dst).map_err(key_syndrome)?;
+                mr_read(ctx.mem, mr, addr, dst).map_err(key_syndrome)?;
                 at += n;
-            }
+                Ok(())
+            })?;
             Ok((Source::Bytes(shared), at))
         }
     }
@@ -2084,23 +2097,9 @@ fn pin(ctx: &Ctx<'_>, pd: u32, g: &Gather<'_>) -> Result<(Source, usize), Syndro
     let Some(p) = Arc::get_mut(&mut shared) else {
         return gather(ctx, pd, g);
     };
-    for s in sges {
-        if s.byte_count == 0 {
-            continue;
-        }
-        let n = s.byte_count as usize;
-        let mr = check_key(
-            ctx.mrs,
-            s.lkey,
-            pd,
-            AccessFlags::empty(),
-            s.addr,
-            n as u64,
-            false,
-        )
-        .map_err(key_syndrome)?;
-        mr_pin(ctx.mem, mr, s.addr, n, p).map_err(key_syndrome)?;
-    }
+    for_each_checked_sge(ctx, pd, sges, |mr, addr, n| {
+        mr_pin(ctx.mem, mr, addr, n, p).map_err(key_syndrome)
+    })?;
     let len = p.len();
     Ok((Source::Pinned(shared), len))
 }

@@ -477,6 +477,17 @@ impl Hca {
         out: &mut Outbox,
         f: impl FnOnce(&mut Qp, &mut Ctx<'_>) -> R,
     ) -> Option<R> {
+        let (qps, mut ctx) = self.split(now, out);
+        let qp = qps.get_mut(&qpn)?;
+        Some(f(qp, &mut ctx))
+    }
+
+    /// The HCA as its QPs and the context a QP runs with (the rest of it).
+    fn split<'a>(
+        &'a mut self,
+        now: u64,
+        out: &'a mut Outbox,
+    ) -> (&'a mut BTreeMap<u32, Qp>, Ctx<'a>) {
         let Hca {
             gid,
             mem,
@@ -486,8 +497,7 @@ impl Hca {
             async_handler,
             ..
         } = self;
-        let qp = qps.get_mut(&qpn)?;
-        let mut ctx = Ctx {
+        let ctx = Ctx {
             mem,
             mrs,
             cqs,
@@ -496,7 +506,7 @@ impl Hca {
             now,
             local_gid: *gid,
         };
-        Some(f(qp, &mut ctx))
+        (qps, ctx)
     }
 
     fn pass(&mut self, now: u64, out: &mut Outbox) -> bool {
@@ -507,25 +517,8 @@ impl Hca {
         // Every QP in turn, with the rest of the HCA as its context (no
         // list of QPNs collected per pass: that was an allocation per HCA
         // per engine pass).
-        let Hca {
-            gid,
-            mem,
-            cqs,
-            qps,
-            mrs,
-            async_handler,
-            ..
-        } = self;
+        let (qps, mut ctx) = self.split(now, out);
         for qp in qps.values_mut() {
-            let mut ctx = Ctx {
-                mem,
-                mrs,
-                cqs,
-                async_handler,
-                out,
-                now,
-                local_gid: *gid,
-            };
             progress |= qp.on_timer(&mut ctx);
             progress |= qp.run_send_side(&mut ctx);
             progress |= qp.emit_responses(&mut ctx);
