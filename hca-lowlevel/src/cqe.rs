@@ -396,9 +396,14 @@ impl CqeRepr {
 /// The owner-bit rule: true if a CQE whose `op_own` byte is `op_own`, found at
 /// consumer counter `counter` of a ring of `entries` (power of two), belongs
 /// to software.
+///
+/// The parity is tested first: in the steady state (a ring past its first
+/// lap) the slot a poll finds empty holds the last lap's CQE, which the
+/// parity alone rejects; the opcode matters only for slots the device has
+/// never written (initialised Invalid: the first lap).
 #[must_use]
 pub const fn owned_by_software(op_own: u8, counter: u32, entries: u32) -> bool {
-    (op_own >> 4) != CqeOpcode::Invalid as u8 && ((op_own & 1) != 0) == ((counter & entries) != 0)
+    ((op_own & 1) != 0) == ((counter & entries) != 0) && (op_own >> 4) != CqeOpcode::Invalid as u8
 }
 
 /// The owner bit the device writes for producer counter `counter`.

@@ -10,7 +10,13 @@
 //! dispatches them (BuildIo, StartIo, ExecutionRoutine: submission), moves
 //! the fabric until the target has answered every one, then runs the
 //! initiator's DPCs once (CQ drain: completion) — so every round sees the
-//! same batches, and instruction counts repeat exactly.
+//! same batches, and instruction counts repeat exactly. Before the first
+//! configuration an unmeasured pass takes every ring of the channel round
+//! at least once ([`Stepped::lap_rings`]), so each configuration measures
+//! a driver in its steady state — reusing ring slots — whatever ran
+//! before it (a fresh ring's first lap is 30 to 40 instructions per I/O
+//! cheaper at QD 1: an empty slot never written is rejected on its
+//! opcode alone).
 //!
 //! Usage (what `tools/perf/run.sh` does under callgrind):
 //!
@@ -423,6 +429,69 @@ impl Stepped {
         }
     }
 
+    /// Creates `config.qd` requests on consecutive LBAs from `first_lba`
+    /// (advanced past them), each completed once so `reissue` takes it.
+    fn requests(&self, config: &Config, first_lba: &mut u64, p: &Passive<'_>) -> Vec<Request> {
+        let address = Address::new(0, 0, 0);
+        let blocks = config.bytes / 512;
+        let requests: Vec<Request> = (0..config.qd)
+            .map(|i| {
+                let lba = (*first_lba + u64::from(i) * u64::from(blocks)) % (LUN_BLOCKS - 64);
+                let cdb = rw_cdb(config.read, lba, blocks);
+                let spec = if config.read {
+                    RequestSpec::scsi_in(address, &cdb, config.bytes)
+                } else {
+                    RequestSpec::scsi_out(address, &cdb, vec![0x5A; config.bytes as usize])
+                };
+                let id = self.model.create(&spec, p).expect("create");
+                // Complete it once so `reissue` takes it.
+                self.model.issue(id).expect("issue");
+                Request {
+                    id,
+                    address,
+                    cdb,
+                    direction: if config.read {
+                        DataDirection::In
+                    } else {
+                        DataDirection::Out
+                    },
+                }
+            })
+            .collect();
+        *first_lba += u64::from(config.qd) * u64::from(blocks);
+        // The first pass, from `issue`.
+        self.model.pump(p);
+        self.pump_until("the first pass", Duration::from_secs(60), || {
+            self.all_done(&requests)
+        });
+        self.settle();
+        requests
+    }
+
+    /// Runs unmeasured 4 KiB reads at QD 256 until the initiator's HCA has
+    /// written twice as many CQEs as its largest CQ holds, so every ring
+    /// of the channel (the CQ, and the send and receive queues it is sized
+    /// to cover: a read takes a receive, three or more send WQEBBs and
+    /// writes two CQEs) has been round at least once before anything is
+    /// measured. A long-running driver reuses ring slots; a fresh ring's
+    /// first lap writes into empty ones, which costs a few instructions
+    /// less per WQE and per poll (30 to 40 per I/O at QD 1), so without
+    /// this a configuration's count depended on how many I/Os the
+    /// configurations before it had done.
+    fn lap_rings(&self, first_lba: &mut u64, p: &Passive<'_>) {
+        let config = Config {
+            read: true,
+            bytes: 4096,
+            qd: 256,
+        };
+        let requests = self.requests(&config, first_lba, p);
+        let want = 2 * u64::from(self.initiator.largest_cq_entries());
+        let base = self.initiator.cqes_written();
+        while self.initiator.cqes_written() - base < want {
+            self.loose_round(&requests, p);
+        }
+    }
+
     /// One measured round: submit, move the fabric (the target answers on
     /// its own threads) until the initiator's HCA has written the `cqes`
     /// completions the probe saw, then run the initiator's DPCs — one drain
@@ -482,42 +551,11 @@ fn main() {
     let tp = target_platform.clone();
     platform.run_passive(|p| {
         let stack = Stepped::build(&platform, &tp, p);
-        let address = Address::new(0, 0, 0);
         let mut first_lba = 0u64;
+        stack.lap_rings(&mut first_lba, p);
         println!("config rounds ios allocs_at_dispatch allocs_this_thread inexact_rounds");
         for config in &args.configs {
-            let blocks = config.bytes / 512;
-            let requests: Vec<Request> = (0..config.qd)
-                .map(|i| {
-                    let lba = (first_lba + u64::from(i) * u64::from(blocks)) % (LUN_BLOCKS - 64);
-                    let cdb = rw_cdb(config.read, lba, blocks);
-                    let spec = if config.read {
-                        RequestSpec::scsi_in(address, &cdb, config.bytes)
-                    } else {
-                        RequestSpec::scsi_out(address, &cdb, vec![0x5A; config.bytes as usize])
-                    };
-                    let id = stack.model.create(&spec, p).expect("create");
-                    // Complete it once so `reissue` takes it.
-                    stack.model.issue(id).expect("issue");
-                    Request {
-                        id,
-                        address,
-                        cdb,
-                        direction: if config.read {
-                            DataDirection::In
-                        } else {
-                            DataDirection::Out
-                        },
-                    }
-                })
-                .collect();
-            first_lba += u64::from(config.qd) * u64::from(blocks);
-            // The first (unmeasured) pass, from `issue`.
-            stack.model.pump(p);
-            stack.pump_until("the first pass", Duration::from_secs(60), || {
-                stack.all_done(&requests)
-            });
-            stack.settle();
+            let requests = stack.requests(config, &mut first_lba, p);
             for _ in 0..args.warmup {
                 stack.loose_round(&requests, p);
             }

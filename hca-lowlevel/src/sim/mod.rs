@@ -530,6 +530,18 @@ impl SoftHca {
             .map_or(0, |h| h.cqs.values().map(|c| u64::from(c.pi)).sum())
     }
 
+    /// Entries of this HCA's largest CQ (0 without one). A benchmark that
+    /// wants its driver's rings past their first lap — where a reused
+    /// slot, not a fresh one, is the steady state — writes more CQEs than
+    /// this before it measures.
+    #[must_use]
+    pub fn largest_cq_entries(&self) -> u32 {
+        let w = self.shared.lock();
+        w.hcas.get(self.idx).map_or(0, |h| {
+            h.cqs.values().map(|c| c.ring.entries()).max().unwrap_or(0)
+        })
+    }
+
     /// True if the CQ is in the error state (overrun).
     #[must_use]
     pub fn cq_in_error(&self, cqn: u32) -> Option<bool> {
