@@ -607,6 +607,30 @@ fn tmf_response(code: Option<TmResponse>) -> TmfResponse {
     }
 }
 
+/// The short `SRP_CMD` form of a command, when it has one: a CDB without
+/// additional bytes and no descriptor, or one direct descriptor the
+/// target accepts (what [`iu::emit_command`] would choose for it).
+fn short_data(
+    cdb: &[u8],
+    descs: &[DirectDesc],
+    direction: DataDirection,
+    formats: BufFormats,
+) -> Option<cmd::ShortData> {
+    if cdb.len() > cmd::CDB_LEN {
+        return None;
+    }
+    match (descs, direction) {
+        ([], _) => Some(cmd::ShortData::None),
+        ([d], DataDirection::In) if formats.contains(BufFormats::DIRECT) => {
+            Some(cmd::ShortData::In(*d))
+        }
+        ([d], DataDirection::Out) if formats.contains(BufFormats::DIRECT) => {
+            Some(cmd::ShortData::Out(*d))
+        }
+        _ => None,
+    }
+}
+
 /// The I/O virtual address of run `run` of slot `slot` (page aligned).
 fn iova_base(slot: u16, run: usize) -> u64 {
     IOVA_BASE | (u64::from(slot) << 32) | ((run as u64) << 21)
@@ -1052,23 +1076,34 @@ impl<P: Platform> Engine<P> {
         }
         let offset = conn.layout.cmd_offset(index);
         if !s.immediate {
-            let header = CommandHeader {
-                tag: self.cmd_tag(s, index),
-                lun: s.lun,
-                task_attr: s.task_attr,
-                cdb: s.cdb.get(..s.cdb_len).unwrap_or(&[]),
-                direction: s.direction,
-            };
+            let tag = self.cmd_tag(s, index);
+            let cdb = s.cdb.get(..s.cdb_len).unwrap_or(&[]);
             let descs = s.descs.get(..n).unwrap_or(&[]);
-            let len = iu::emit_command(
-                &header,
-                descs,
-                s.formats,
-                conn.tx.iova() + offset,
-                &mut s.scratch,
-            )
+            // The usual command (a CDB of up to 16 bytes, no data or one
+            // direct descriptor) is written in its fixed-size form; the
+            // rest goes through the general emitter.
+            let mut short_iu = [0u8; cmd::SHORT_LEN];
+            let short = short_data(cdb, descs, s.direction, s.formats);
+            let len = match short {
+                Some(data) => cmd::emit_short(tag, s.lun, s.task_attr, cdb, data, &mut short_iu),
+                None => {
+                    let header = CommandHeader {
+                        tag,
+                        lun: s.lun,
+                        task_attr: s.task_attr,
+                        cdb,
+                        direction: s.direction,
+                    };
+                    let iu_va = conn.tx.iova() + offset;
+                    iu::emit_command(&header, descs, s.formats, iu_va, &mut s.scratch)
+                }
+            }
             .map_err(|_| (FailureKind::Unsupported, true))?;
-            let bytes = s.scratch.get(..len).unwrap_or(&[]);
+            let bytes = match short {
+                Some(_) => short_iu.get(..len),
+                None => s.scratch.get(..len),
+            }
+            .unwrap_or(&[]);
             conn.tx
                 .mem()
                 .write(usize::try_from(offset).unwrap_or(usize::MAX), bytes)

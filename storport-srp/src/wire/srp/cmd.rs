@@ -373,6 +373,72 @@ impl<'a> CmdRepr<'a> {
     }
 }
 
+/// Most bytes [`emit_short`] writes: the fixed part and one direct
+/// descriptor.
+pub const SHORT_LEN: usize = LEN + desc::DIRECT_LEN;
+
+/// The data of a command in the short form [`emit_short`] writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ShortData {
+    /// No data descriptor.
+    None,
+    /// One direct DATA-IN descriptor (the target RDMA-WRITEs).
+    In(DirectDesc),
+    /// One direct DATA-OUT descriptor (the target RDMA-READs).
+    Out(DirectDesc),
+}
+
+/// Writes the I/O fast path's `SRP_CMD` — a CDB of at most [`CDB_LEN`]
+/// bytes and no descriptor or one direct one — over all of `out`, and
+/// returns the IU length (48 or 64).
+///
+/// The bytes are those [`CmdRepr::emit`] writes for the same command (the
+/// tests compare them); what differs is that every offset is a constant
+/// of a fixed-size buffer, so nothing of the general layout (additional
+/// CDB, indirect lists, immediate data) is derived per command.
+///
+/// # Errors
+///
+/// [`Error::CdbTooLong`] for a longer CDB (that needs [`CmdRepr::emit`]).
+pub fn emit_short(
+    tag: u64,
+    lun: Lun,
+    task_attr: TaskAttr,
+    cdb: &[u8],
+    data: ShortData,
+    out: &mut [u8; SHORT_LEN],
+) -> Result<usize> {
+    if cdb.len() > CDB_LEN {
+        return Err(Error::CdbTooLong);
+    }
+    *out = [0; SHORT_LEN];
+    let buf = out.as_mut_slice();
+    Opcode::Cmd.to_u8().write(buf, field::OPCODE.start);
+    let (format, desc) = match data {
+        ShortData::None => (DescFormat::pack(DescFormat::None, DescFormat::None), None),
+        ShortData::In(d) => (
+            DescFormat::pack(DescFormat::None, DescFormat::Direct),
+            Some(d),
+        ),
+        ShortData::Out(d) => (
+            DescFormat::pack(DescFormat::Direct, DescFormat::None),
+            Some(d),
+        ),
+    };
+    format.write(buf, field::BUF_FMT.start);
+    tag.write(buf, field::TAG.start);
+    lun.write(buf, field::LUN.start);
+    task_attr.code().write(buf, field::TASK_ATTR.start);
+    bytes::write_bytes(buf, field::CDB.start, cdb);
+    match desc {
+        Some(d) => {
+            d.write(buf, LEN);
+            Ok(SHORT_LEN)
+        }
+        None => Ok(LEN),
+    }
+}
+
 wire_view! {
     /// A view of `SRP_CMD` (`srp_cmd`).
     pub struct Cmd, min_len = LEN, error = Error, truncated = Error::Truncated;
@@ -529,6 +595,70 @@ mod tests {
     use crate::wire::srp::DescList;
 
     const READ10: [u8; 10] = [0x28, 0, 0, 0, 0x10, 0, 0, 0, 8, 0];
+
+    /// The short form is byte for byte the general one, for every CDB
+    /// length it takes, each task attribute and each data shape, whatever
+    /// the output buffer held before.
+    #[test]
+    fn emit_short_matches_emit() {
+        let cdb: [u8; CDB_LEN] = core::array::from_fn(|i| 0xA0 ^ i as u8);
+        let d = DirectDesc {
+            va: 0x0102_0304_0506_0708,
+            rkey: 0x1122_3344,
+            len: 0x5566_7788,
+        };
+        let attrs = [
+            TaskAttr::Simple,
+            TaskAttr::HeadOfQueue,
+            TaskAttr::Ordered,
+            TaskAttr::Aca,
+            TaskAttr::Other(5),
+        ];
+        let shapes = [
+            (ShortData::None, DataOut::None, DataIn::None),
+            (ShortData::In(d), DataOut::None, DataIn::Direct(d)),
+            (ShortData::Out(d), DataOut::Direct(d), DataIn::None),
+        ];
+        for cdb_len in 0..=CDB_LEN {
+            for attr in attrs {
+                for (short, data_out, data_in) in shapes {
+                    let repr = CmdRepr {
+                        sol_not: SolNot::empty(),
+                        tag: 0xfeed_0000_0000_0000 | cdb_len as u64,
+                        lun: Lun([1, 2, 3, 4, 5, 6, 7, 8]),
+                        task_attr: attr,
+                        cdb: &cdb[..cdb_len],
+                        data_out,
+                        data_in,
+                    };
+                    let mut general = [0u8; SHORT_LEN];
+                    repr.emit(&mut Cmd::new_unchecked(&mut general[..]))
+                        .unwrap();
+                    let mut fast = [0xEEu8; SHORT_LEN];
+                    let n = emit_short(repr.tag, repr.lun, attr, repr.cdb, short, &mut fast);
+                    assert_eq!(n, repr.buffer_len(), "{cdb_len} {attr:?} {short:?}");
+                    let n = n.unwrap();
+                    assert_eq!(fast[..n], general[..n], "{cdb_len} {attr:?} {short:?}");
+                    assert!(fast[n..].iter().all(|b| *b == 0));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn emit_short_refuses_additional_cdb() {
+        let mut out = [0u8; SHORT_LEN];
+        let cdb = [0u8; CDB_LEN + 1];
+        let r = emit_short(
+            1,
+            Lun::default(),
+            TaskAttr::Simple,
+            &cdb,
+            ShortData::None,
+            &mut out,
+        );
+        assert_eq!(r, Err(Error::CdbTooLong));
+    }
 
     /// READ(10) of 8 blocks at LBA 0x1000 into one fast-registered buffer.
     #[test]
