@@ -86,7 +86,7 @@ use crate::miniport::transport::{
 use crate::storport::{DataDirection, QueueAction};
 use crate::wire::Lun;
 use crate::wire::srp::{
-    AerRsp, AerRspRepr, BufFormats, CredRsp, CredRspRepr, DirectDesc, Opcode, RspRepr, SolNot,
+    AerRsp, AerRspRepr, BufFormats, CredRsp, CredRspRepr, DirectDesc, Opcode, Rsp, RspRepr, SolNot,
     SrpIu, TaskAttr, TaskMgmtFunction, TmResponse, TskMgmt, TskMgmtRepr, cmd,
 };
 
@@ -1438,11 +1438,21 @@ impl<P: Platform> Engine<P> {
             self.conn_failed(conn, Cause::Transport, Why::Repost, irql);
             return;
         }
-        let iu = if copied {
-            SrpIu::parse(buf.get(..n).unwrap_or(&[]), None).ok()
-        } else {
-            None
-        };
+        let bytes = if copied { buf.get(..n) } else { None };
+        // Nearly every receive is an SRP_RSP: it is parsed as one at once
+        // (the checks `SrpIu::parse` makes for it, without building and
+        // moving the general IU value).
+        if let Some(bytes) = bytes.filter(|b| b.first() == Some(&Opcode::Rsp.to_u8())) {
+            match Rsp::new_checked(bytes).and_then(|view| RspRepr::parse(&view)) {
+                Ok(rsp) => self.on_rsp(t, ch, conn, &rsp, irql),
+                Err(_) => {
+                    bump(&t.counters.protocol_errors);
+                    self.conn_failed(conn, Cause::Transport, Why::Protocol, irql);
+                }
+            }
+            return;
+        }
+        let iu = bytes.and_then(|b| SrpIu::parse(b, None).ok());
         match iu {
             Some(SrpIu::Rsp(rsp)) => self.on_rsp(t, ch, conn, &rsp, irql),
             Some(SrpIu::CredReq(req)) => {
