@@ -818,16 +818,31 @@ impl<P: Platform> Engine<P> {
             // Immediate data: the whole IU is built now; post only sends.
             s.immediate = true;
             let tag = self.cmd_tag(s, index);
-            let header = CommandHeader {
-                tag,
-                lun: s.lun,
-                task_attr: s.task_attr,
-                cdb: s.cdb.get(..s.cdb_len).unwrap_or(&[]),
-                direction: s.direction,
-            };
-            let header = iu::emit_immediate_header(&header, imm, len, &mut s.scratch)
-                .map_err(|_| Refusal::Failed(FailureKind::Unsupported))?;
-            let head = s.scratch.get(..header).unwrap_or(&[]);
+            let cdb = s.cdb.get(..s.cdb_len).unwrap_or(&[]);
+            // The usual header (a CDB of up to 16 bytes, the usual offset)
+            // in its fixed-size form; otherwise the general emitter.
+            let mut short_iu = [0u8; cmd::SHORT_MAX];
+            let short = cdb.len() <= cmd::CDB_LEN && usize::from(imm) <= cmd::SHORT_MAX;
+            let header = if short {
+                let data = cmd::ShortData::ImmediateExternal { offset: imm, len };
+                cmd::emit_short(tag, s.lun, s.task_attr, cdb, data, &mut short_iu)
+            } else {
+                let header = CommandHeader {
+                    tag,
+                    lun: s.lun,
+                    task_attr: s.task_attr,
+                    cdb,
+                    direction: s.direction,
+                };
+                iu::emit_immediate_header(&header, imm, len, &mut s.scratch)
+            }
+            .map_err(|_| Refusal::Failed(FailureKind::Unsupported))?;
+            let head = if short {
+                short_iu.get(..header)
+            } else {
+                s.scratch.get(..header)
+            }
+            .unwrap_or(&[]);
             conn.tx
                 .mem()
                 .write(usize::try_from(offset).unwrap_or(usize::MAX), head)
@@ -1082,7 +1097,7 @@ impl<P: Platform> Engine<P> {
             // The usual command (a CDB of up to 16 bytes, no data or one
             // direct descriptor) is written in its fixed-size form; the
             // rest goes through the general emitter.
-            let mut short_iu = [0u8; cmd::SHORT_LEN];
+            let mut short_iu = [0u8; cmd::SHORT_MAX];
             let short = short_data(cdb, descs, s.direction, s.formats);
             let len = match short {
                 Some(data) => cmd::emit_short(tag, s.lun, s.task_attr, cdb, data, &mut short_iu),
