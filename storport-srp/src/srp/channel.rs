@@ -86,7 +86,7 @@ use crate::miniport::transport::{
 use crate::storport::{DataDirection, QueueAction};
 use crate::wire::Lun;
 use crate::wire::srp::{
-    AerRsp, AerRspRepr, BufFormats, CredRsp, CredRspRepr, DirectDesc, Opcode, RspRepr, SolNot,
+    AerRsp, AerRspRepr, BufFormats, CredRsp, CredRspRepr, DirectDesc, Opcode, Rsp, RspRepr, SolNot,
     SrpIu, TaskAttr, TaskMgmtFunction, TmResponse, TskMgmt, TskMgmtRepr, cmd,
 };
 
@@ -607,6 +607,30 @@ fn tmf_response(code: Option<TmResponse>) -> TmfResponse {
     }
 }
 
+/// The short `SRP_CMD` form of a command, when it has one: a CDB without
+/// additional bytes and no descriptor, or one direct descriptor the
+/// target accepts (what [`iu::emit_command`] would choose for it).
+fn short_data(
+    cdb: &[u8],
+    descs: &[DirectDesc],
+    direction: DataDirection,
+    formats: BufFormats,
+) -> Option<cmd::ShortData> {
+    if cdb.len() > cmd::CDB_LEN {
+        return None;
+    }
+    match (descs, direction) {
+        ([], _) => Some(cmd::ShortData::None),
+        ([d], DataDirection::In) if formats.contains(BufFormats::DIRECT) => {
+            Some(cmd::ShortData::In(*d))
+        }
+        ([d], DataDirection::Out) if formats.contains(BufFormats::DIRECT) => {
+            Some(cmd::ShortData::Out(*d))
+        }
+        _ => None,
+    }
+}
+
 /// The I/O virtual address of run `run` of slot `slot` (page aligned).
 fn iova_base(slot: u16, run: usize) -> u64 {
     IOVA_BASE | (u64::from(slot) << 32) | ((run as u64) << 21)
@@ -794,16 +818,31 @@ impl<P: Platform> Engine<P> {
             // Immediate data: the whole IU is built now; post only sends.
             s.immediate = true;
             let tag = self.cmd_tag(s, index);
-            let header = CommandHeader {
-                tag,
-                lun: s.lun,
-                task_attr: s.task_attr,
-                cdb: s.cdb.get(..s.cdb_len).unwrap_or(&[]),
-                direction: s.direction,
-            };
-            let header = iu::emit_immediate_header(&header, imm, len, &mut s.scratch)
-                .map_err(|_| Refusal::Failed(FailureKind::Unsupported))?;
-            let head = s.scratch.get(..header).unwrap_or(&[]);
+            let cdb = s.cdb.get(..s.cdb_len).unwrap_or(&[]);
+            // The usual header (a CDB of up to 16 bytes, the usual offset)
+            // in its fixed-size form; otherwise the general emitter.
+            let mut short_iu = [0u8; cmd::SHORT_MAX];
+            let short = cdb.len() <= cmd::CDB_LEN && usize::from(imm) <= cmd::SHORT_MAX;
+            let header = if short {
+                let data = cmd::ShortData::ImmediateExternal { offset: imm, len };
+                cmd::emit_short(tag, s.lun, s.task_attr, cdb, data, &mut short_iu)
+            } else {
+                let header = CommandHeader {
+                    tag,
+                    lun: s.lun,
+                    task_attr: s.task_attr,
+                    cdb,
+                    direction: s.direction,
+                };
+                iu::emit_immediate_header(&header, imm, len, &mut s.scratch)
+            }
+            .map_err(|_| Refusal::Failed(FailureKind::Unsupported))?;
+            let head = if short {
+                short_iu.get(..header)
+            } else {
+                s.scratch.get(..header)
+            }
+            .unwrap_or(&[]);
             conn.tx
                 .mem()
                 .write(usize::try_from(offset).unwrap_or(usize::MAX), head)
@@ -1052,23 +1091,34 @@ impl<P: Platform> Engine<P> {
         }
         let offset = conn.layout.cmd_offset(index);
         if !s.immediate {
-            let header = CommandHeader {
-                tag: self.cmd_tag(s, index),
-                lun: s.lun,
-                task_attr: s.task_attr,
-                cdb: s.cdb.get(..s.cdb_len).unwrap_or(&[]),
-                direction: s.direction,
-            };
+            let tag = self.cmd_tag(s, index);
+            let cdb = s.cdb.get(..s.cdb_len).unwrap_or(&[]);
             let descs = s.descs.get(..n).unwrap_or(&[]);
-            let len = iu::emit_command(
-                &header,
-                descs,
-                s.formats,
-                conn.tx.iova() + offset,
-                &mut s.scratch,
-            )
+            // The usual command (a CDB of up to 16 bytes, no data or one
+            // direct descriptor) is written in its fixed-size form; the
+            // rest goes through the general emitter.
+            let mut short_iu = [0u8; cmd::SHORT_MAX];
+            let short = short_data(cdb, descs, s.direction, s.formats);
+            let len = match short {
+                Some(data) => cmd::emit_short(tag, s.lun, s.task_attr, cdb, data, &mut short_iu),
+                None => {
+                    let header = CommandHeader {
+                        tag,
+                        lun: s.lun,
+                        task_attr: s.task_attr,
+                        cdb,
+                        direction: s.direction,
+                    };
+                    let iu_va = conn.tx.iova() + offset;
+                    iu::emit_command(&header, descs, s.formats, iu_va, &mut s.scratch)
+                }
+            }
             .map_err(|_| (FailureKind::Unsupported, true))?;
-            let bytes = s.scratch.get(..len).unwrap_or(&[]);
+            let bytes = match short {
+                Some(_) => short_iu.get(..len),
+                None => s.scratch.get(..len),
+            }
+            .unwrap_or(&[]);
             conn.tx
                 .mem()
                 .write(usize::try_from(offset).unwrap_or(usize::MAX), bytes)
@@ -1403,11 +1453,21 @@ impl<P: Platform> Engine<P> {
             self.conn_failed(conn, Cause::Transport, Why::Repost, irql);
             return;
         }
-        let iu = if copied {
-            SrpIu::parse(buf.get(..n).unwrap_or(&[]), None).ok()
-        } else {
-            None
-        };
+        let bytes = if copied { buf.get(..n) } else { None };
+        // Nearly every receive is an SRP_RSP: it is parsed as one at once
+        // (the checks `SrpIu::parse` makes for it, without building and
+        // moving the general IU value).
+        if let Some(bytes) = bytes.filter(|b| b.first() == Some(&Opcode::Rsp.to_u8())) {
+            match Rsp::new_checked(bytes).and_then(|view| RspRepr::parse(&view)) {
+                Ok(rsp) => self.on_rsp(t, ch, conn, &rsp, irql),
+                Err(_) => {
+                    bump(&t.counters.protocol_errors);
+                    self.conn_failed(conn, Cause::Transport, Why::Protocol, irql);
+                }
+            }
+            return;
+        }
+        let iu = bytes.and_then(|b| SrpIu::parse(b, None).ok());
         match iu {
             Some(SrpIu::Rsp(rsp)) => self.on_rsp(t, ch, conn, &rsp, irql),
             Some(SrpIu::CredReq(req)) => {

@@ -120,6 +120,61 @@ pub fn plan(
     pages: &mut [PhysAddr],
     runs: &mut [Run],
 ) -> Result<Plan, MapError> {
+    match plan_one_segment(sg, len, max_pages, pages, runs) {
+        Some(plan) => Ok(plan),
+        None => plan_general(sg, len, max_pages, pages, runs),
+    }
+}
+
+/// The usual list — its first segment holds the whole transfer, within
+/// one MR's pages — planned without the general cut: one run, its pages
+/// in a row. The result is the general cut's for the same list (the tests
+/// compare them); `None` leaves any other list, and every error, to it.
+fn plan_one_segment(
+    sg: &[SgElement],
+    len: u32,
+    max_pages: u32,
+    pages: &mut [PhysAddr],
+    runs: &mut [Run],
+) -> Option<Plan> {
+    let segment = sg.first()?;
+    if len == 0 || segment.len < len {
+        return None;
+    }
+    let start = segment.phys.0;
+    let end = start.checked_add(u64::from(len))?;
+    let first = start & !PAGE_MASK;
+    // `end - 1 >= start`: `len > 0`.
+    let count = (((end - 1) & !PAGE_MASK) - first) / PAGE + 1;
+    let count = u32::try_from(count).ok().filter(|c| *c <= max_pages)?;
+    let out = pages.get_mut(..usize::try_from(count).ok()?)?;
+    let run = runs.first_mut()?;
+    let mut page = first;
+    for entry in out {
+        *entry = PhysAddr(page);
+        page = page.wrapping_add(PAGE);
+    }
+    *run = Run {
+        first_page: 0,
+        pages: count,
+        offset: (start & PAGE_MASK) as u32,
+        len,
+        transfer_offset: 0,
+    };
+    Some(Plan {
+        runs: 1,
+        pages: usize::try_from(count).ok()?,
+    })
+}
+
+/// [`plan`] for any list.
+fn plan_general(
+    sg: &[SgElement],
+    len: u32,
+    max_pages: u32,
+    pages: &mut [PhysAddr],
+    runs: &mut [Run],
+) -> Result<Plan, MapError> {
     if max_pages == 0 {
         return Err(MapError::NoPages);
     }
@@ -218,6 +273,54 @@ mod tests {
             runs[..p.runs].to_vec(),
             pages[..p.pages].iter().map(|p| p.0).collect(),
         ))
+    }
+
+    fn segments() -> impl Strategy<Value = Vec<SgElement>> {
+        let phys = prop_oneof![
+            (0u64..64).prop_map(|p| p * PAGE),
+            (0u64..64 * PAGE),
+            (u64::MAX - 3 * PAGE..=u64::MAX),
+        ];
+        let len = prop_oneof![
+            Just(0u32),
+            1u32..=3 * PAGE as u32,
+            (1u32..=4).prop_map(|p| p * PAGE as u32)
+        ];
+        prop::collection::vec((phys, len).prop_map(|(p, l)| seg(p, l)), 0..4)
+    }
+
+    proptest! {
+        /// The one-segment plan is the general cut's, whenever it applies
+        /// (and for every list whether it does or not).
+        #[test]
+        fn one_segment_plan_is_the_general_one(
+            sg in segments(),
+            len in prop_oneof![0u32..=4 * PAGE as u32, Just(PAGE as u32)],
+            max_pages in 0u32..6,
+            page_room in 0usize..8,
+            run_room in 0usize..3,
+        ) {
+            let mut pages = vec![PhysAddr(7); page_room];
+            let mut runs = vec![Run::default(); run_room];
+            let fast = plan(&sg, len, max_pages, &mut pages, &mut runs);
+            let mut pages_g = vec![PhysAddr(7); page_room];
+            let mut runs_g = vec![Run::default(); run_room];
+            let general = plan_general(&sg, len, max_pages, &mut pages_g, &mut runs_g);
+            prop_assert_eq!(fast, general);
+            if let Ok(p) = fast {
+                prop_assert_eq!(&runs[..p.runs], &runs_g[..p.runs]);
+                prop_assert_eq!(&pages[..p.pages], &pages_g[..p.pages]);
+            }
+        }
+    }
+
+    #[test]
+    fn one_segment_plan_applies_to_a_page() {
+        let mut pages = [PhysAddr(0); 2];
+        let mut runs = [Run::default(); 1];
+        let sg = [seg(0x7_0000, 4096)];
+        assert!(plan_one_segment(&sg, 4096, 4, &mut pages, &mut runs).is_some());
+        assert!(plan_one_segment(&sg, 4096, 0, &mut pages, &mut runs).is_none());
     }
 
     #[test]

@@ -20,7 +20,7 @@
 //! is [`Error::IndirectCountMismatch`]. A direct descriptor's count field is
 //! not used (Linux `ib_srp` leaves it 0, and so does [`CmdRepr::emit`]).
 
-use static_assertions::const_assert_eq;
+use static_assertions::{const_assert, const_assert_eq};
 
 use super::desc::{self, DescFormat, DirectBuf, DirectDesc, ImmBuf, IndirectBuf, IndirectDesc};
 use super::{Error, Opcode, Result, SolNot, check_emit_len, expect_opcode, len_u32};
@@ -373,6 +373,89 @@ impl<'a> CmdRepr<'a> {
     }
 }
 
+/// The size of [`emit_short`]'s buffer: the fixed part and one direct
+/// descriptor (64 bytes), or an immediate-data header up to an offset of
+/// at most 80 (SRP-2's usual offset, which Linux and this initiator use,
+/// is 68).
+pub const SHORT_MAX: usize = 80;
+const_assert!(SHORT_MAX >= LEN + desc::DIRECT_LEN);
+
+/// The data of a command in the short form [`emit_short`] writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ShortData {
+    /// No data descriptor.
+    None,
+    /// One direct DATA-IN descriptor (the target RDMA-WRITEs).
+    In(DirectDesc),
+    /// One direct DATA-OUT descriptor (the target RDMA-READs).
+    Out(DirectDesc),
+    /// `len` bytes of immediate data the caller sends from its own buffer
+    /// after the `offset` header bytes (as [`DataOut::ImmediateExternal`]).
+    ImmediateExternal {
+        /// Byte offset of the data in the IU (at most [`SHORT_MAX`]).
+        offset: u16,
+        /// Length of the data.
+        len: u32,
+    },
+}
+
+/// Writes the I/O fast path's `SRP_CMD` — a CDB of at most [`CDB_LEN`]
+/// bytes and no descriptor, one direct one or an immediate-data header —
+/// over all of `out`, and returns the IU length (48 or 64; the offset for
+/// immediate data).
+///
+/// The bytes are those [`CmdRepr::emit`] writes for the same command (the
+/// tests compare them); what differs is that every offset is a constant
+/// of a fixed-size buffer, so nothing of the general layout (additional
+/// CDB, indirect lists, immediate data) is derived per command.
+///
+/// # Errors
+///
+/// [`Error::CdbTooLong`] for a longer CDB (that needs [`CmdRepr::emit`]);
+/// for immediate data [`Error::ImmediateOffsetOverlap`] as
+/// [`CmdRepr::emit`], and [`Error::BufferTooSmall`] for an offset past
+/// [`SHORT_MAX`].
+pub fn emit_short(
+    tag: u64,
+    lun: Lun,
+    task_attr: TaskAttr,
+    cdb: &[u8],
+    data: ShortData,
+    out: &mut [u8; SHORT_MAX],
+) -> Result<usize> {
+    if cdb.len() > CDB_LEN {
+        return Err(Error::CdbTooLong);
+    }
+    *out = [0; SHORT_MAX];
+    let buf = out.as_mut_slice();
+    Opcode::Cmd.to_u8().write(buf, field::OPCODE.start);
+    let (data_out, data_in, total) = match data {
+        ShortData::None => (DescFormat::None, DescFormat::None, LEN),
+        ShortData::In(d) => {
+            d.write(buf, LEN);
+            (DescFormat::None, DescFormat::Direct, LEN + desc::DIRECT_LEN)
+        }
+        ShortData::Out(d) => {
+            d.write(buf, LEN);
+            (DescFormat::Direct, DescFormat::None, LEN + desc::DIRECT_LEN)
+        }
+        ShortData::ImmediateExternal { offset, len } => {
+            CmdRepr::check_imm_offset(offset, LEN + desc::IMM_LEN)?;
+            if usize::from(offset) > SHORT_MAX {
+                return Err(Error::BufferTooSmall);
+            }
+            len.write(buf, LEN);
+            (DescFormat::Immediate, DescFormat::None, usize::from(offset))
+        }
+    };
+    DescFormat::pack(data_out, data_in).write(buf, field::BUF_FMT.start);
+    tag.write(buf, field::TAG.start);
+    lun.write(buf, field::LUN.start);
+    task_attr.code().write(buf, field::TASK_ATTR.start);
+    bytes::write_bytes(buf, field::CDB.start, cdb);
+    Ok(total)
+}
+
 wire_view! {
     /// A view of `SRP_CMD` (`srp_cmd`).
     pub struct Cmd, min_len = LEN, error = Error, truncated = Error::Truncated;
@@ -529,6 +612,90 @@ mod tests {
     use crate::wire::srp::DescList;
 
     const READ10: [u8; 10] = [0x28, 0, 0, 0, 0x10, 0, 0, 0, 8, 0];
+
+    /// The short form is byte for byte the general one, for every CDB
+    /// length it takes, each task attribute and each data shape, whatever
+    /// the output buffer held before.
+    #[test]
+    fn emit_short_matches_emit() {
+        let cdb: [u8; CDB_LEN] = core::array::from_fn(|i| 0xA0 ^ i as u8);
+        let d = DirectDesc {
+            va: 0x0102_0304_0506_0708,
+            rkey: 0x1122_3344,
+            len: 0x5566_7788,
+        };
+        let attrs = [
+            TaskAttr::Simple,
+            TaskAttr::HeadOfQueue,
+            TaskAttr::Ordered,
+            TaskAttr::Aca,
+            TaskAttr::Other(5),
+        ];
+        let shapes = [
+            (ShortData::None, DataOut::None, DataIn::None),
+            (ShortData::In(d), DataOut::None, DataIn::Direct(d)),
+            (ShortData::Out(d), DataOut::Direct(d), DataIn::None),
+        ];
+        let imm = |offset: u16| {
+            let len = 0x0102_0304;
+            (
+                ShortData::ImmediateExternal { offset, len },
+                DataOut::ImmediateExternal { offset, len },
+                DataIn::None,
+            )
+        };
+        let shapes = [shapes[0], shapes[1], shapes[2], imm(52), imm(68), imm(80)];
+        for cdb_len in 0..=CDB_LEN {
+            for attr in attrs {
+                for (short, data_out, data_in) in shapes {
+                    let repr = CmdRepr {
+                        sol_not: SolNot::empty(),
+                        tag: 0xfeed_0000_0000_0000 | cdb_len as u64,
+                        lun: Lun([1, 2, 3, 4, 5, 6, 7, 8]),
+                        task_attr: attr,
+                        cdb: &cdb[..cdb_len],
+                        data_out,
+                        data_in,
+                    };
+                    let mut general = [0u8; SHORT_MAX];
+                    repr.emit(&mut Cmd::new_unchecked(&mut general[..]))
+                        .unwrap();
+                    let mut fast = [0xEEu8; SHORT_MAX];
+                    let n = emit_short(repr.tag, repr.lun, attr, repr.cdb, short, &mut fast);
+                    assert_eq!(n, repr.buffer_len(), "{cdb_len} {attr:?} {short:?}");
+                    let n = n.unwrap();
+                    assert_eq!(fast[..n], general[..n], "{cdb_len} {attr:?} {short:?}");
+                    assert!(fast[n..].iter().all(|b| *b == 0));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn emit_short_refuses_additional_cdb() {
+        let mut out = [0u8; SHORT_MAX];
+        let cdb = [0u8; CDB_LEN + 1];
+        let r = emit_short(
+            1,
+            Lun::default(),
+            TaskAttr::Simple,
+            &cdb,
+            ShortData::None,
+            &mut out,
+        );
+        assert_eq!(r, Err(Error::CdbTooLong));
+    }
+
+    #[test]
+    fn emit_short_refuses_immediate_offsets_it_cannot_hold() {
+        let mut out = [0u8; SHORT_MAX];
+        let imm = |offset| ShortData::ImmediateExternal { offset, len: 1 };
+        let cdb = [0u8; 10];
+        let mut emit = |data| emit_short(1, Lun::default(), TaskAttr::Simple, &cdb, data, &mut out);
+        assert_eq!(emit(imm(51)), Err(Error::ImmediateOffsetOverlap));
+        assert_eq!(emit(imm(81)), Err(Error::BufferTooSmall));
+        assert_eq!(emit(imm(52)), Ok(52));
+    }
 
     /// READ(10) of 8 blocks at LBA 0x1000 into one fast-registered buffer.
     #[test]

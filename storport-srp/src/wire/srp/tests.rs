@@ -420,6 +420,22 @@ proptest! {
         let mutated = Mutation::apply(&m, &buf);
         let _ = parse_is_stable(&mutated, imm);
     }
+
+    /// The SRP engine parses an `SRP_RSP` directly, not through
+    /// `SrpIu::parse`: both routes give the same answer for any bytes
+    /// with the RSP type byte.
+    #[test]
+    fn rsp_parses_the_same_directly(iu in owned_iu(), m in mutation()) {
+        let (repr, imm) = iu.repr();
+        let mut buf = vec![0u8; repr.buffer_len().unwrap()];
+        repr.emit(&mut buf).unwrap();
+        let mut mutated = Mutation::apply(&m, &buf);
+        if let Some(first) = mutated.first_mut() {
+            *first = Opcode::Rsp.to_u8();
+            let direct = Rsp::new_checked(&mutated[..]).and_then(|v| RspRepr::parse(&v));
+            prop_assert_eq!(SrpIu::parse(&mutated, imm), direct.map(SrpIu::Rsp));
+        }
+    }
 }
 
 #[test]
