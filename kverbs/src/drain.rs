@@ -50,7 +50,7 @@ pub use batch::PollBatch;
 
 use crate::irql::{Dispatch, LeDispatch, Passive};
 use crate::platform::{AllocError, DpcTarget, Platform, RawDpc, Ticks};
-use crate::sync::atomic::{AtomicUsize, Ordering};
+use crate::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use crate::sync::with_dispatch;
 
 /// Completions polled per batch (Linux `IB_POLL_BATCH`).
@@ -354,6 +354,10 @@ impl DrainLoop {
 }
 
 /// Polls one batch and hands each completion to the handler.
+///
+/// Inline into [`DrainLoop::run`]: it runs once per poll, a per-round cost
+/// (at QD 1 every poll is a round of its own).
+#[inline]
 fn deliver<S, H>(
     source: &S,
     handler: &H,
@@ -385,12 +389,12 @@ where
 /// # The DPC routine and the drainer's lifetime
 ///
 /// The routine holds a strong reference to the drain state (the loop, the
-/// source, the handler: [`DrainCore`]) and a weak one to the drainer, which
-/// it reads but does not upgrade on every run (a compare-exchange and a
+/// source, the handler: [`DrainCore`]) and a weak one to the drainer,
+/// which it does not upgrade on every run (a compare-exchange and a
 /// release per round): the drainer owns the DPC, the DPC's routine keeps
 /// the state alive, and nothing owns the drainer back. When the last owner
-/// drops the drainer, a routine still queued finds the weak reference
-/// dead and does nothing, as before; one already running finishes its pass
+/// drops the drainer, its `Drop` marks the state closed, and a routine
+/// still queued finds it so and does nothing; one already running finishes its pass
 /// on the state it holds (alive until the platform frees the routine,
 /// which is after it returns). The weak reference is upgraded only to
 /// requeue the DPC when the budget runs out.
@@ -409,6 +413,10 @@ struct DrainCore<P: Platform, S, H> {
     /// The drainer, to requeue its DPC when the budget runs out; dead once
     /// the last owner dropped it.
     owner: Weak<DpcDrainer<P, S, H>>,
+    /// Set when the drainer is dropped: a routine still queued then does
+    /// nothing. One flag to load per run, where testing `owner` for life
+    /// costs a dangling-pointer check and a load of its count.
+    closed: AtomicBool,
 }
 
 impl<P: Platform, S, H> fmt::Debug for DpcDrainer<P, S, H> {
@@ -430,7 +438,7 @@ where
     fn run_dpc(&self, irql: &Dispatch<'_>) {
         // The owner dropped the drainer: nothing more to deliver to (a
         // load, not an upgrade; see `DpcDrainer`).
-        if self.owner.strong_count() == 0 {
+        if self.closed.load(Ordering::Acquire) {
             return;
         }
         let outcome = self
@@ -470,6 +478,7 @@ where
                 handler,
                 budget,
                 owner: weak.clone(),
+                closed: AtomicBool::new(false),
             });
             let routine_core = Arc::clone(&core);
             let dpc = platform
@@ -538,5 +547,14 @@ where
         if let Some(dpc) = &self.dpc {
             dpc.queue();
         }
+    }
+}
+
+impl<P: Platform, S, H> Drop for DpcDrainer<P, S, H> {
+    /// The last owner let go: a routine that runs from now on does nothing
+    /// (one that runs while the count is already zero but before this
+    /// store finishes its pass, as one already running does).
+    fn drop(&mut self) {
+        self.core.closed.store(true, Ordering::Release);
     }
 }

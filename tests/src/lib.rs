@@ -670,7 +670,13 @@ impl Stack {
             assert!(stopped, "the adapter did not stop");
             let open = self.transport().open_connections(p);
             assert_eq!(open, 0, "connections left open after stop");
+            let engine = self.transport().engine_probe();
             self.model.free_adapter(p);
+            // Nothing the connections left behind (their handlers, held by
+            // kverbs objects and the CM; the registry's links) keeps the
+            // engine once the transport handle is gone.
+            let engine_gone = self.wait_until(Duration::from_secs(30), || !engine.is_alive());
+            assert!(engine_gone, "the SRP engine outlived its transport");
             for (i, t) in self.targets.iter_mut().enumerate() {
                 if let Some(srp) = t.srp.as_ref() {
                     // The initiator never broke the protocol.

@@ -250,7 +250,7 @@ impl<P: Platform> Conn<P> {
         let device = engine.device();
         let handler = Arc::new(ConnHandler {
             engine: Arc::downgrade(engine),
-            conn: SetOnce::new(),
+            link: SetOnce::new(),
         });
         let pd = device.alloc_pd(irql)?;
         let cleanup_pd = |pd: &Pd<P>| {
@@ -373,10 +373,15 @@ impl<P: Platform> Conn<P> {
             }),
             handler: handler.clone(),
         });
-        // A fresh handler's cell: set here, once.
-        let _ = handler.conn.set(Arc::downgrade(&conn));
-        // Kept by the engine until its objects are released.
-        engine.register_conn(&conn, irql);
+        // Kept in the engine's registry until its objects are released;
+        // the handler reaches both through the link. A fresh handler's
+        // cell: set here, once.
+        let link = Arc::new(ConnLink {
+            engine: Arc::clone(engine),
+            conn: Arc::clone(&conn),
+        });
+        let _ = handler.link.set(Arc::downgrade(&link));
+        engine.register_conn(link, irql);
         for index in 0..layout.rx_count {
             let Ok(index) = u16::try_from(index) else {
                 break;
@@ -571,34 +576,51 @@ impl<P: Platform> Conn<P> {
     }
 }
 
-type EngineAndConn<P> = (Arc<Engine<P>>, Arc<Conn<P>>);
+/// A registered connection and its engine, both held strongly: what the
+/// connection's handler reaches them through, with one weak reference to
+/// upgrade per event (per polled batch, a per-round cost a QD 1 read pays
+/// for every I/O) instead of one for each.
+///
+/// # Ownership
+/// Only the engine's connection registry keeps a link (a handler's upgrade
+/// holds one for the length of one event). The registry belongs to the
+/// transport handle and the engine refers to it weakly (see
+/// `engine::ConnRegistry`), so the link's engine reference closes no cycle
+/// that outlives the handle. The kverbs objects that call the handler (the
+/// CQ, the QP, the CM) hold the handler, and the handler holds the link
+/// only weakly: they keep neither the connection nor the engine alive.
+/// Once the connection is released (or forgotten) its link is gone, and no
+/// late event of its objects reaches the engine.
+pub(crate) struct ConnLink<P: Platform> {
+    pub engine: Arc<Engine<P>>,
+    pub conn: Arc<Conn<P>>,
+}
 
 /// The handler of one connection's CQ, QP and CM events.
 pub(crate) struct ConnHandler<P: Platform> {
+    /// The engine, for what a connection asks of it outside an event.
     engine: Weak<Engine<P>>,
     /// Set once the connection exists (its CQ and QP, which call this
     /// handler, are created first); read without a lock on every polled
-    /// batch.
-    conn: SetOnce<Weak<Conn<P>>>,
+    /// batch. Dead once the connection has left the engine's registry.
+    link: SetOnce<Weak<ConnLink<P>>>,
 }
 
 impl<P: Platform> ConnHandler<P> {
-    /// The engine and the connection, while both live. Every caller runs
-    /// at `DISPATCH_LEVEL` (a CQ's DPC, a QP or CM event). Inlined: it
-    /// runs once per polled batch, so its call is a per-round cost that a
-    /// QD 1 read pays for every I/O.
+    /// The connection and its engine, while the connection is registered.
+    /// Every caller runs at `DISPATCH_LEVEL` (a CQ's DPC, a QP or CM
+    /// event). Inlined: it runs once per polled batch, so its call is a
+    /// per-round cost that a QD 1 read pays for every I/O.
     #[inline]
-    fn get(&self, _irql: &Dispatch<'_>) -> Option<EngineAndConn<P>> {
-        let engine = self.engine.upgrade()?;
-        let conn = self.conn.get()?.upgrade()?;
-        Some((engine, conn))
+    fn get(&self, _irql: &Dispatch<'_>) -> Option<Arc<ConnLink<P>>> {
+        self.link.get()?.upgrade()
     }
 }
 
 impl<P: Platform> CqHandler<WrCtx> for ConnHandler<P> {
     fn on_completion(&self, completion: Completion<WrCtx>, irql: &Dispatch<'_>) {
-        if let Some((engine, conn)) = self.get(irql) {
-            engine.on_completion(&conn, completion, irql);
+        if let Some(link) = self.get(irql) {
+            link.engine.on_completion(&link.conn, completion, irql);
         }
     }
 
@@ -606,9 +628,10 @@ impl<P: Platform> CqHandler<WrCtx> for ConnHandler<P> {
     /// not once per completion.
     fn on_completions(&self, completions: &mut WorkCompletions<'_, WrCtx>, irql: &Dispatch<'_>) {
         match self.get(irql) {
-            Some((engine, conn)) => {
+            Some(link) => {
+                let (engine, conn) = (&link.engine, &link.conn);
                 for completion in completions {
-                    engine.on_completion(&conn, completion, irql);
+                    engine.on_completion(conn, completion, irql);
                 }
             }
             // The connection is gone: its completions have no one to
@@ -626,9 +649,9 @@ impl<P: Platform> QpHandler for ConnHandler<P> {
             AsyncEvent::QpAccessError { .. } => 3,
             _ => return,
         };
-        if let Some((engine, conn)) = self.get(irql) {
-            engine.conn_failed(
-                &conn,
+        if let Some(link) = self.get(irql) {
+            link.engine.conn_failed(
+                &link.conn,
                 Cause::Transport,
                 super::engine::Why::QpEvent(kind),
                 irql,
@@ -637,31 +660,31 @@ impl<P: Platform> QpHandler for ConnHandler<P> {
     }
 
     fn on_flushed(&self, _result: Result<(), VerbsError>, irql: &Dispatch<'_>) {
-        if let Some((engine, conn)) = self.get(irql) {
-            conn.life.lock(irql).flushed = true;
-            engine.on_flushed(&conn, irql);
+        if let Some(link) = self.get(irql) {
+            link.conn.life.lock(irql).flushed = true;
+            link.engine.on_flushed(&link.conn, irql);
         }
     }
 
     fn on_destroyed(&self, irql: &Dispatch<'_>) {
-        if let Some((engine, conn)) = self.get(irql) {
-            engine.on_qp_destroyed(&conn, irql);
+        if let Some(link) = self.get(irql) {
+            link.engine.on_qp_destroyed(&link.conn, irql);
         }
     }
 }
 
 impl<P: Platform> CmHandler for ConnHandler<P> {
     fn on_event(&self, id: CmId, event: CmEvent<'_>, irql: &Dispatch<'_>) {
-        let Some((engine, conn)) = self.get(irql) else {
+        let Some(link) = self.get(irql) else {
             return;
         };
         {
-            let mut life = conn.life.lock(irql);
+            let mut life = link.conn.life.lock(irql);
             if life.cm_id.is_none() {
                 life.cm_id = Some(id);
             }
         }
-        engine.on_cm_event(&conn, event, irql);
+        link.engine.on_cm_event(&link.conn, event, irql);
     }
 }
 

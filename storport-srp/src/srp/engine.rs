@@ -42,7 +42,7 @@ use kverbs::wire::{CmPathRepr, IbTimeout, PortSpace, ServiceId, cm::PERMISSIVE_L
 use kverbs::worker::{CompleteAt, Outcome, RequestQueue, WorkHandler, Worker};
 
 use super::channel::Channel;
-use super::conn::{Conn, ConnShape, IuLayout, WrCtx};
+use super::conn::{Conn, ConnLink, ConnShape, IuLayout, WrCtx};
 use super::login::{self, DEFAULT_MAX_IMM_DATA, LoginFailure, LoginForm, LoginPlan, login_request};
 use super::mapping::PAGE;
 use super::params::{Addressing, TargetParams, Timeouts};
@@ -543,8 +543,9 @@ pub(crate) struct Engine<P: Platform> {
     slow: Option<RequestQueue<P, SlowPath<P>>>,
     _worker: Worker<P>,
     _back: Arc<Back<P>>,
-    /// Every connection built and not yet released.
-    conns: SpinLock<Vec<Arc<Conn<P>>>, P>,
+    /// Every connection built and not yet released: owned by the
+    /// transport handle, not by the engine (see [`ConnRegistry`]).
+    conns: Weak<ConnRegistry<P>>,
     /// LUN resets waiting for their channels' answers.
     pub(crate) lun_resets: super::reset_group::ResetGroups<P>,
     running: AtomicBool,
@@ -1122,17 +1123,23 @@ impl<P: Platform> Engine<P> {
         self.forget_conn_at(conn, irql);
     }
 
-    /// Keeps `conn` until its objects are released.
+    /// Keeps `link` (a connection and this engine) until the connection's
+    /// objects are released. Once the transport handle is gone the link is
+    /// dropped at once: nothing of the engine is reachable through it.
     ///
     /// # IRQL
     /// `PASSIVE_LEVEL` (the registry may grow).
-    pub(crate) fn register_conn(&self, conn: &Arc<Conn<P>>, irql: &Passive<'_>) {
+    pub(crate) fn register_conn(&self, link: Arc<ConnLink<P>>, irql: &Passive<'_>) {
+        let Some(registry) = self.conns.upgrade() else {
+            return;
+        };
+        let conns = &registry.links;
         loop {
             let need = {
-                let mut conns = self.conns.lock(irql);
+                let mut conns = conns.lock(irql);
                 if conns.len() < conns.capacity() {
                     // Within capacity: no allocation under the lock.
-                    conns.push(Arc::clone(conn));
+                    conns.push(link);
                     return;
                 }
                 conns.capacity().saturating_mul(2).saturating_add(8)
@@ -1140,7 +1147,7 @@ impl<P: Platform> Engine<P> {
             // Grow at PASSIVE_LEVEL, outside the lock; move over under it.
             let mut bigger = Vec::with_capacity(need);
             {
-                let mut conns = self.conns.lock(irql);
+                let mut conns = conns.lock(irql);
                 if conns.capacity() < need && conns.len() <= need {
                     bigger.extend(conns.drain(..));
                     core::mem::swap(&mut *conns, &mut bigger);
@@ -1155,11 +1162,14 @@ impl<P: Platform> Engine<P> {
     }
 
     fn forget_conn_at(&self, conn: &Arc<Conn<P>>, irql: &impl LeDispatch) {
+        let Some(registry) = self.conns.upgrade() else {
+            return;
+        };
         let removed = {
-            let mut conns = self.conns.lock(irql);
+            let mut conns = registry.links.lock(irql);
             conns
                 .iter()
-                .position(|c| Arc::ptr_eq(c, conn))
+                .position(|link| Arc::ptr_eq(&link.conn, conn))
                 .map(|i| conns.swap_remove(i))
         };
         // The last reference may drop here, outside the lock.
@@ -1188,19 +1198,60 @@ impl<P: Platform> Engine<P> {
     }
 
     fn conns_alive(&self, irql: &impl LeDispatch) -> usize {
-        self.conns.lock(irql).len()
+        self.conns
+            .upgrade()
+            .map_or(0, |registry| registry.links.lock(irql).len())
     }
+}
+
+/// The connections an engine built and has not released yet, each as a
+/// [`ConnLink`] (the connection and the engine, held strongly).
+///
+/// # Ownership
+/// The transport handle ([`SrpTransport`]) owns the registry; the engine
+/// refers to it weakly. A link's strong engine reference therefore makes
+/// no cycle the handle cannot end: the engine lives while the handle does
+/// (as before) or a link is in use, and when the handle is dropped the
+/// registry and every link still in it are dropped with it — an ordinary
+/// drop of the vector, with no lock and no IRQL to take — which lets the
+/// engine go too. A connection leaves the registry when its objects are
+/// released (`release_conn`) or forgotten (`forget_conn`); from then on no
+/// handler of it reaches the engine.
+pub(crate) struct ConnRegistry<P: Platform> {
+    links: SpinLock<Vec<Arc<ConnLink<P>>>, P>,
 }
 
 /// The SRP initiator engine: a [`Transport`] for the miniport core.
 pub struct SrpTransport<P: Platform> {
     engine: Arc<Engine<P>>,
+    /// The engine's live connections (see [`ConnRegistry`]): dropped with
+    /// the handle.
+    _conns: Arc<ConnRegistry<P>>,
 }
 
 impl<P: Platform> core::fmt::Debug for SrpTransport<P> {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         f.debug_struct("SrpTransport")
             .field("targets", &self.engine.targets.len())
+            .finish()
+    }
+}
+
+/// A weak view of a transport's engine ([`SrpTransport::engine_probe`]).
+pub struct EngineProbe<P: Platform>(Weak<Engine<P>>);
+
+impl<P: Platform> EngineProbe<P> {
+    /// Whether the engine still exists.
+    #[must_use]
+    pub fn is_alive(&self) -> bool {
+        self.0.strong_count() > 0
+    }
+}
+
+impl<P: Platform> core::fmt::Debug for EngineProbe<P> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("EngineProbe")
+            .field("alive", &self.is_alive())
             .finish()
     }
 }
@@ -1344,6 +1395,9 @@ impl<P: Platform> SrpTransport<P> {
             rundown,
             irql,
         )?;
+        let conns = Arc::new(ConnRegistry {
+            links: SpinLock::new(Vec::with_capacity(queue_slots)),
+        });
         let engine = Arc::new(Engine {
             upcalls,
             device: device.clone(),
@@ -1354,13 +1408,24 @@ impl<P: Platform> SrpTransport<P> {
             slow: Some(slow),
             _worker: worker,
             _back: Arc::clone(&back),
-            conns: SpinLock::new(Vec::with_capacity(queue_slots)),
+            conns: Arc::downgrade(&conns),
             lun_resets: super::reset_group::ResetGroups::new(),
             running: AtomicBool::new(false),
             src_port: AtomicU32::new(0),
         });
         *back.engine.lock(irql) = Arc::downgrade(&engine);
-        Ok(SrpTransport { engine })
+        Ok(SrpTransport {
+            engine,
+            _conns: conns,
+        })
+    }
+
+    /// A weak view of the engine, for teardown tests: whether anything
+    /// (a connection's handler, a registry entry) still keeps it alive
+    /// once the handle is gone.
+    #[must_use]
+    pub fn engine_probe(&self) -> EngineProbe<P> {
+        EngineProbe(Arc::downgrade(&self.engine))
     }
 
     /// A target's counters.

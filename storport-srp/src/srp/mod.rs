@@ -31,4 +31,4 @@ mod sq_budget;
 pub mod tags;
 
 pub use channel::SrpPrepared;
-pub use engine::{AdapterShape, SrpConfig, SrpError, SrpTransport, TargetStats};
+pub use engine::{AdapterShape, EngineProbe, SrpConfig, SrpError, SrpTransport, TargetStats};
