@@ -1,5 +1,5 @@
 //! Full stack, faults: packet loss and reordering, a QP error mid-I/O, a
-//! target logout, a target DREQ, credit starvation, a StorPort timeout, a
+//! target logout, a target DREQ, malformed responses, credit starvation, a StorPort timeout, a
 //! bus reset during I/O, fail-fast and device loss. After each: every
 //! request completed exactly once (the model), data intact for the ones
 //! that succeeded (checked against the medium), a truthful status for the
@@ -12,7 +12,7 @@ use hca_lowlevel::sim::FaultConfig;
 use kverbs::platform::host::VerifierAllocator;
 use kverbs_tests::driver::{light_loss, retry_failed, rough_link, truthful, with_fault};
 use kverbs_tests::interop::wait_until;
-use kverbs_tests::srp_target::{Misbehaviour, Selector};
+use kverbs_tests::srp_target::{Misbehaviour, RspCorruption, Selector};
 use kverbs_tests::{Stack, StackConfig, TargetSetup, Workload, env_count};
 use storport_srp::miniport::transport::TargetState;
 use storport_srp::srp::SrpConfig;
@@ -188,6 +188,56 @@ fn target_logout_and_target_dreq() {
         retry_failed(s, &ios, &done, p);
         assert!(s.stats(0, p).transport_failures >= 2);
     });
+}
+
+/// A malformed `SRP_RSP` (too short; sense data reaching past the IU's
+/// end) is a protocol error: the initiator cannot know what became of the
+/// command, so it ends the connection (never completes that command as
+/// good from a response it cannot read), fails what was outstanding for
+/// retry, and logs in again.
+#[test]
+fn malformed_responses_end_the_connection_and_fail_for_retry() {
+    let config = StackConfig {
+        targets: vec![wide()],
+        ..StackConfig::default()
+    };
+    for (seed, how) in [
+        (8, RspCorruption::Truncated),
+        (9, RspCorruption::SenseBeyondIu),
+    ] {
+        Stack::run(&config, |s, p| {
+            let mut w = Workload::new(seed);
+            let ios = w.ios(200, 0, 0, 512, 32768, 512, 16384, 0.5);
+            let target = s.target(0);
+            let before = s.stats(0, p);
+            target.set_misbehaviour(
+                Misbehaviour::CorruptResponses {
+                    how,
+                    which: Selector::Next(1),
+                },
+                p,
+            );
+            let done = s.run_ios(&ios, 16, p);
+            let failed = truthful(&done, &[SrbStatus::BUS_RESET]);
+            assert!(
+                failed >= 1,
+                "{how:?}: the command answered malformed failed"
+            );
+            assert!(s.wait_state(0, TargetState::Live, Duration::from_secs(10)));
+            let st = s.stats(0, p);
+            assert_eq!(
+                st.protocol_errors,
+                before.protocol_errors + 1,
+                "{how:?}: {st:?}"
+            );
+            assert!(
+                st.transport_failures > before.transport_failures,
+                "{how:?}: {st:?}"
+            );
+            assert_eq!(target.counters().responses_corrupted, 1);
+            retry_failed(s, &ios, &done, p);
+        });
+    }
 }
 
 #[test]

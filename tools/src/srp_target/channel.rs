@@ -65,7 +65,7 @@ use storport_srp::wire::{Lun, srp};
 use super::TargetShared;
 use super::counters::Counters;
 use super::lane::LanePlan;
-use super::misbehave::{Fate, HostileAttempt, HostileOutcome, HostileReport};
+use super::misbehave::{Fate, HostileAttempt, HostileOutcome, HostileReport, RspCorruption};
 use super::shared::{
     ChannelShared, ChannelState, CmdRef, DisconnectWhy, Note, Request, SendWhat, SrpSink, Terminal,
     WrCtx, write_response,
@@ -1040,6 +1040,11 @@ impl Channel {
                 cmd.stage = Stage::Queued;
                 self.out.push_back(r);
             }
+            Fate::Corrupt(_) => {
+                Counters::add(&target.counters.responses_corrupted, 1);
+                cmd.stage = Stage::Queued;
+                self.out.push_back(r);
+            }
             Fate::Send => {
                 cmd.stage = Stage::Queued;
                 self.out.push_back(r);
@@ -1654,9 +1659,13 @@ impl Channel {
             cmd.stage = Stage::Sent;
             let tag = cmd.tag;
             let answer = cmd.answer.clone();
+            let fate = cmd.fate;
             self.out.pop_front();
             let delta = self.next_delta();
-            let len = self.emit_response(slot, tag, delta, answer.as_ref());
+            let mut len = self.emit_response(slot, tag, delta, answer.as_ref());
+            if let Fate::Corrupt(how) = fate {
+                len = self.corrupt_response(slot, len, how);
+            }
             self.grant(delta);
             Counters::add(&counters.responses_sent, 1);
             ops.push(Op::Send {
@@ -1697,6 +1706,29 @@ impl Channel {
         // Sense was cut to fit the response buffer, which is at most
         // MAX_MAX_RSP_SIZE bytes.
         write_response(&self.objects.send_mr, self.rsp_size, slot, &repr)
+    }
+
+    /// Makes the `SRP_RSP` in send slot `slot` (`len` bytes) malformed as
+    /// `how` says; returns the length to send.
+    fn corrupt_response(&self, slot: u32, len: u32, how: RspCorruption) -> u32 {
+        let at = slot as usize * self.rsp_size;
+        let mem = self.objects.send_mr.mem();
+        match how {
+            // Shorter than an SRP_RSP's fixed part (36 bytes).
+            RspCorruption::Truncated => len.min(20),
+            RspCorruption::SenseBeyondIu => {
+                let mut head = [0u8; srp::rsp::LEN];
+                if mem.read(at, &mut head).is_ok() {
+                    let mut rsp = Rsp::new_unchecked(&mut head[..]);
+                    // SNSVALID (flag bit 1), with a sense length far past
+                    // the IU's end.
+                    rsp.set_flags(rsp.flags() | 0x02);
+                    rsp.set_sense_data_len(0x0001_0000);
+                    let _ = mem.write(at, &head);
+                }
+                len
+            }
+        }
     }
 
     /// Posts `ops` as one batch (one doorbell); `false` if the QP refused

@@ -122,6 +122,8 @@ counters! {
     responses_delayed,
     /// Responses dropped by the drop switch.
     responses_dropped,
+    /// Responses sent malformed by the corruption switch.
+    responses_corrupted,
     /// Connections dropped by the disconnect switch.
     forced_disconnects,
     /// Commands that waited for staging memory.

@@ -211,6 +211,15 @@ pub enum Misbehaviour {
         /// Which responses.
         which: Selector,
     },
+    /// Send selected responses malformed, as `how` says (the data moves;
+    /// the `SRP_RSP` that follows it does not parse). An initiator must
+    /// treat it as a protocol error, not guess at the command's outcome.
+    CorruptResponses {
+        /// What is wrong with them.
+        how: RspCorruption,
+        /// Which responses.
+        which: Selector,
+    },
     /// Answer commands as the rule says (CHECK CONDITION with a sense,
     /// a status, a delay), through the SCSI target's fault hooks.
     ScsiFault(FaultRule),
@@ -226,6 +235,15 @@ pub enum Misbehaviour {
     Hostile(HostileAttempt),
 }
 
+/// How a corrupted `SRP_RSP` is malformed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RspCorruption {
+    /// Cut to fewer bytes than the fixed part of an `SRP_RSP`.
+    Truncated,
+    /// `SNSVALID` set with a sense length reaching past the IU's end.
+    SenseBeyondIu,
+}
+
 /// The armed switches (target-wide).
 #[derive(Debug, Default)]
 pub(crate) struct Armed {
@@ -233,6 +251,7 @@ pub(crate) struct Armed {
     pub(crate) withhold: Option<(u32, Duration)>,
     pub(crate) delay: Option<(Duration, SelectorState)>,
     pub(crate) drop: Option<SelectorState>,
+    pub(crate) corrupt: Option<(RspCorruption, SelectorState)>,
     pub(crate) disconnect_after: Option<u32>,
     pub(crate) hostile: Vec<HostileAttempt>,
 }
@@ -251,6 +270,7 @@ pub(crate) enum Fate {
     Send,
     Delay(Duration),
     Drop,
+    Corrupt(RspCorruption),
 }
 
 impl Switches {
@@ -264,6 +284,7 @@ impl Switches {
             || armed.withhold.is_some()
             || armed.delay.is_some()
             || armed.drop.is_some()
+            || armed.corrupt.is_some()
             || armed.disconnect_after.is_some()
             || !armed.hostile.is_empty();
         self.any.store(any, Ordering::Release);
@@ -288,6 +309,9 @@ impl Switches {
                 a.delay = Some((*delay, SelectorState::new(*which)));
             }
             Misbehaviour::DropResponses { which } => a.drop = Some(SelectorState::new(*which)),
+            Misbehaviour::CorruptResponses { how, which } => {
+                a.corrupt = Some((*how, SelectorState::new(*which)));
+            }
             Misbehaviour::DisconnectAfter { commands } => a.disconnect_after = Some(*commands),
             Misbehaviour::Hostile(h) => a.hostile.push(*h),
             Misbehaviour::SendCredReq { .. }
@@ -343,6 +367,16 @@ impl Switches {
                 }
                 if hit {
                     return Fate::Drop;
+                }
+            }
+            if let Some((how, sel)) = a.corrupt.as_mut() {
+                let how = *how;
+                let hit = sel.take();
+                if sel.exhausted() {
+                    a.corrupt = None;
+                }
+                if hit {
+                    return Fate::Corrupt(how);
                 }
             }
             if let Some((delay, sel)) = a.delay.as_mut() {
@@ -455,10 +489,17 @@ mod tests {
             delay: Duration::from_millis(5),
             which: Selector::Next(1),
         });
-        // Drop is asked first; each selector counts only what it takes.
+        s.arm(&Misbehaviour::CorruptResponses {
+            how: RspCorruption::Truncated,
+            which: Selector::Next(1),
+        });
+        // Drop is asked first, then corruption; each selector counts only
+        // what it takes.
         assert_eq!(s.response_fate(), Fate::Drop);
+        assert_eq!(s.response_fate(), Fate::Corrupt(RspCorruption::Truncated));
         assert_eq!(s.response_fate(), Fate::Delay(Duration::from_millis(5)));
         assert_eq!(s.response_fate(), Fate::Send);
+        assert!(s.idle(), "every one-shot switch is used up");
         s.arm(&Misbehaviour::DisconnectAfter { commands: 1 });
         assert!(!s.command_disconnects());
         assert!(s.command_disconnects());

@@ -81,7 +81,9 @@ use crate::scsi_target::{BlockStore, ScsiTarget, TargetConfig};
 
 pub use config::{CmTiming, ConfigError, IbCmListen, InitiatorAcl, SrpTargetConfig};
 pub use counters::CountersSnapshot;
-pub use misbehave::{HostileAttempt, HostileOutcome, HostileReport, Misbehaviour, Selector};
+pub use misbehave::{
+    HostileAttempt, HostileOutcome, HostileReport, Misbehaviour, RspCorruption, Selector,
+};
 pub use shared::ChannelState;
 
 use channel::{Channel, Negotiated, Objects, RECV_EXTRA, SCRATCH_LEN, SEND_EXTRA};
