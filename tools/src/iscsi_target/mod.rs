@@ -40,7 +40,7 @@ use storport_srp::wire::iscsi::{
 use storport_srp::wire::text::{Limits, TextData};
 use storport_srp::wire::{Lun, Residual};
 
-use crate::scsi_target::{Request, ScsiTarget};
+use crate::scsi_target::{DataOut, Request, ScsiTarget};
 use params::{PHASE_DECLARATIVE, PHASE_OPERATIONAL, PHASE_SECURITY, ParamList, TargetValues};
 
 /// A connection of the target.
@@ -1197,7 +1197,7 @@ impl IscsiTarget {
         let request = Request {
             lun: task.lun,
             cdb: &task.cdb,
-            data_out: task.write.then_some(task.data.as_slice()),
+            data_out: task.write.then_some(DataOut::Bytes(task.data.as_slice())),
             data_in_capacity: if task.read { task.edtl } else { 0 },
         };
         let mut offset = 0u32;

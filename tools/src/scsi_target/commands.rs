@@ -18,7 +18,7 @@ use storport_srp::wire::Residual;
 use super::fault::FaultAction;
 use super::lu::LogicalUnit;
 use super::pages::{self, MAX_UNMAP_DESCRIPTORS, ModeSenseError};
-use super::{DataInSink, Request, Response, ScsiTarget};
+use super::{DataInSink, DataOut, Request, Response, ScsiTarget};
 
 /// A command that did not complete with GOOD.
 #[derive(Debug, Clone, Copy)]
@@ -161,7 +161,7 @@ pub(super) fn execute_in(
         nonblocking,
         declined: false,
     };
-    let data_out_len = request.data_out.map_or(0, <[u8]>::len) as u64;
+    let data_out_len = request.data_out.map_or(0, |d| d.len()) as u64;
     let index = request.lun.index();
     let lu = index.and_then(|index| target.lun(index));
     let outcome = run(target, lu.map(AsRef::as_ref), request, &mut data_in);
@@ -324,12 +324,12 @@ fn run(
             }
             let data = data_out(request, len)?;
             if data_in.nonblocking {
-                if !lu.store().try_write(offset, data) {
+                if !lu.store().try_write_from(offset, data) {
                     data_in.declined = true;
                     return Ok(0);
                 }
             } else {
-                lu.store().write(offset, data);
+                lu.store().write_from(offset, data);
             }
             lu.count_write(len);
             Ok(len)
@@ -453,11 +453,14 @@ fn check_read_write(lu: &LogicalUnit, c: &ReadWriteCdb) -> Result<(u64, u64), Fa
     Ok((offset, u64::from(c.blocks) * u64::from(lu.block_len())))
 }
 
-/// The first `need` bytes of the data-out buffer, or the failure for a
-/// buffer that is too short.
-fn data_out<'a>(request: &Request<'a>, need: u64) -> Result<&'a [u8], Failure> {
-    let data = request.data_out.unwrap_or(&[]);
-    match usize::try_from(need).ok().and_then(|need| data.get(..need)) {
+/// The first `need` bytes of the data-out, or the failure for data-out
+/// that is too short.
+fn data_out<'a>(request: &Request<'a>, need: u64) -> Result<DataOut<'a>, Failure> {
+    let data = request.data_out.unwrap_or(DataOut::Bytes(&[]));
+    match usize::try_from(need)
+        .ok()
+        .and_then(|need| data.prefix(need))
+    {
         Some(data) => Ok(data),
         None => Err(Failure {
             data_out_residual: Some(residual(data.len() as u64, need)),
@@ -496,16 +499,16 @@ fn verify(lu: &LogicalUnit, c: VerifyCdb, request: &Request<'_>) -> Outcome {
         0 => Ok(0),
         1 => {
             let len = u64::from(c.blocks) * block_len;
-            let data = data_out(request, len)?;
-            match lu.store().compare(offset, data) {
+            let data = data_out(request, len)?.to_bytes();
+            match lu.store().compare(offset, &data) {
                 Some(at) => Err(miscompare(at)),
                 None => Ok(len),
             }
         }
         _ => {
-            let data = data_out(request, block_len)?;
+            let data = data_out(request, block_len)?.to_bytes();
             for block in 0..u64::from(c.blocks) {
-                if let Some(at) = lu.store().compare(offset + block * block_len, data) {
+                if let Some(at) = lu.store().compare(offset + block * block_len, &data) {
                     return Err(miscompare(block * block_len + at));
                 }
             }
@@ -575,7 +578,7 @@ fn unmap(lu: &LogicalUnit, c: UnmapCdb, request: &Request<'_>) -> Outcome {
     if len == 0 {
         return Ok(0); // Not an error: nothing to unmap.
     }
-    let list = data_out(request, len)?;
+    let list = data_out(request, len)?.to_bytes();
     if list.len() < 8 {
         return Err(Failure::illegal(
             AdditionalSense::PARAMETER_LIST_LENGTH_ERROR,

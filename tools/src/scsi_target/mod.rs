@@ -7,8 +7,10 @@
 //! per channel), with a [`Request`]:
 //!
 //! * the LUN and CDB as received;
-//! * the data-out buffer, already fetched (the SRP target RDMA-READs it from
-//!   the initiator first; iSCSI collects immediate and Data-Out PDUs);
+//! * the data-out, already fetched ([`DataOut`]): bytes (iSCSI collects
+//!   immediate and Data-Out PDUs; SRP immediate data), or the registered
+//!   memory the SRP target's RDMA READs landed in, which a WRITE copies
+//!   straight into the store's chunk (one copy on the target);
 //! * the initiator's data-in capacity (the SRP data-in descriptor length,
 //!   the iSCSI expected data transfer length);
 //!
@@ -60,8 +62,11 @@ pub mod store;
 #[cfg(test)]
 mod tests;
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::sync::Arc;
+
+use hca_lowlevel::dma::DmaBuffer;
 
 use storport_srp::scsi::{Lun, SenseFormat, SenseRepr, Status};
 use storport_srp::wire::Residual;
@@ -107,6 +112,108 @@ impl<F: FnMut(&[u8])> DataInSink for F {
     }
 }
 
+/// A command's data-out, where the transport holds it.
+#[derive(Debug, Clone, Copy)]
+pub enum DataOut<'a> {
+    /// Bytes in memory (immediate data, iSCSI PDUs, tests).
+    Bytes(&'a [u8]),
+    /// Device memory: the SRP target's staging buffer after its RDMA
+    /// READs. A WRITE copies it straight into the store's chunks, with no
+    /// intermediate buffer; built by [`DataOut::dma`].
+    Dma(DmaData<'a>),
+}
+
+/// Bytes `offset..offset + len` of a DMA buffer, checked to lie inside it
+/// when built, so copying them out cannot fail.
+#[derive(Debug, Clone, Copy)]
+pub struct DmaData<'a> {
+    buf: &'a DmaBuffer,
+    offset: usize,
+    len: usize,
+}
+
+impl<'a> DmaData<'a> {
+    /// The buffer.
+    pub(crate) fn buf(&self) -> &'a DmaBuffer {
+        self.buf
+    }
+
+    /// Where the bytes start in [`Self::buf`].
+    pub(crate) fn offset(&self) -> usize {
+        self.offset
+    }
+}
+
+impl<'a> DataOut<'a> {
+    /// The first `len` bytes of `buf`; `None` if it is shorter.
+    pub fn dma(buf: &'a DmaBuffer, len: usize) -> Option<Self> {
+        (len <= buf.len()).then_some(Self::Dma(DmaData {
+            buf,
+            offset: 0,
+            len,
+        }))
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        match self {
+            Self::Bytes(bytes) => bytes.len(),
+            Self::Dma(d) => d.len,
+        }
+    }
+
+    /// True if there are no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The first `len` bytes; `None` if there are fewer.
+    pub fn prefix(self, len: usize) -> Option<Self> {
+        Some(self.split_at(len)?.0)
+    }
+
+    /// The bytes before `mid` and from `mid` on; `None` if `mid` is past
+    /// the end.
+    pub fn split_at(self, mid: usize) -> Option<(Self, Self)> {
+        match self {
+            Self::Bytes(bytes) => {
+                let (head, tail) = bytes.split_at_checked(mid)?;
+                Some((Self::Bytes(head), Self::Bytes(tail)))
+            }
+            Self::Dma(d) => {
+                let rest = d.len.checked_sub(mid)?;
+                let head = DmaData { len: mid, ..d };
+                let tail = DmaData {
+                    offset: d.offset + mid,
+                    len: rest,
+                    ..d
+                };
+                Some((Self::Dma(head), Self::Dma(tail)))
+            }
+        }
+    }
+
+    /// The bytes as a slice: borrowed, or (device memory; VERIFY and UNMAP
+    /// only, never a WRITE) copied out.
+    pub fn to_bytes(self) -> Cow<'a, [u8]> {
+        match self {
+            Self::Bytes(bytes) => Cow::Borrowed(bytes),
+            Self::Dma(d) => {
+                let mut out = vec![0u8; d.len];
+                // In range: checked when `d` was built.
+                let _ = d.buf.read(d.offset, &mut out);
+                Cow::Owned(out)
+            }
+        }
+    }
+}
+
+impl<'a> From<&'a [u8]> for DataOut<'a> {
+    fn from(bytes: &'a [u8]) -> Self {
+        Self::Bytes(bytes)
+    }
+}
+
 /// One SCSI command as the transport received it.
 #[derive(Debug, Clone, Copy)]
 pub struct Request<'a> {
@@ -115,8 +222,8 @@ pub struct Request<'a> {
     /// The CDB; trailing bytes past the opcode's CDB length are ignored
     /// (SRP and iSCSI carry 16 bytes).
     pub cdb: &'a [u8],
-    /// The data-out buffer, fetched from the initiator before the call.
-    pub data_out: Option<&'a [u8]>,
+    /// The data-out, fetched from the initiator before the call.
+    pub data_out: Option<DataOut<'a>>,
     /// How many data-in bytes the initiator can take.
     pub data_in_capacity: u32,
 }
@@ -137,7 +244,7 @@ impl<'a> Request<'a> {
         Self {
             lun,
             cdb,
-            data_out: Some(data_out),
+            data_out: Some(DataOut::Bytes(data_out)),
             data_in_capacity: 0,
         }
     }

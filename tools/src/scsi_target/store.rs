@@ -44,11 +44,14 @@ use std::sync::{Arc, Mutex, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGua
 use std::time::{Duration, Instant};
 
 use hca_lowlevel::device::AccessFlags;
+use hca_lowlevel::dma::{SharedWords, copy_bytes};
 use kverbs::error::VerbsError;
 use kverbs::irql::Passive;
 use kverbs::mr::Mr;
 use kverbs::pd::Pd;
 use kverbs::platform::host::HostPlatform;
+
+use super::DataOut;
 
 type Hp = HostPlatform;
 
@@ -101,6 +104,32 @@ impl ChunkMem {
             Self::Heap(bytes) => bytes[within..within + data.len()].copy_from_slice(data),
             Self::Registered(mr) => {
                 let _ = mr.mem().write(within, data);
+            }
+        }
+    }
+
+    /// Copies `data` to `within`: bytes as [`Self::write_at`]; device
+    /// memory straight from its words (one copy, no bounce buffer).
+    fn write_from(&mut self, within: usize, data: DataOut<'_>) {
+        // In range: a `DmaData` is checked against its buffer when built,
+        // and the callers cut pieces to the chunk.
+        match (self, data) {
+            (chunk, DataOut::Bytes(bytes)) => chunk.write_at(within, bytes),
+            (Self::Heap(bytes), DataOut::Dma(src)) => {
+                let out = &mut bytes[within..within + data.len()];
+                let _ = src.buf().read(src.offset(), out);
+            }
+            (Self::Registered(mr), DataOut::Dma(src)) => {
+                let (from, to) = (src.buf(), mr.mem());
+                let _ = copy_bytes(
+                    from.words(),
+                    from.len(),
+                    src.offset(),
+                    to.words(),
+                    to.len(),
+                    within,
+                    data.len(),
+                );
             }
         }
     }
@@ -642,10 +671,19 @@ impl BlockStore {
     ///
     /// If the range is outside the store.
     pub fn try_write(&self, offset: u64, data: &[u8]) -> bool {
+        self.try_write_from(offset, DataOut::Bytes(data))
+    }
+
+    /// [`Self::try_write`] from bytes or device memory.
+    ///
+    /// # Panics
+    ///
+    /// If the range is outside the store.
+    pub fn try_write_from(&self, offset: u64, data: DataOut<'_>) -> bool {
         self.check(offset, data.len() as u64);
         let mut rest = data;
         for (index, within, piece) in self.pieces(offset, data.len() as u64) {
-            let (head, tail) = rest.split_at(piece);
+            let (head, tail) = rest.split_at(piece).expect("pieces cover the data");
             rest = tail;
             let mut guard = match self.chunks[index].try_write() {
                 Ok(guard) => guard,
@@ -655,7 +693,7 @@ impl BlockStore {
             let Some(chunk) = guard.as_mut().and_then(Arc::get_mut) else {
                 return false;
             };
-            chunk.write_at(within, head);
+            chunk.write_from(within, head);
         }
         true
     }
@@ -666,15 +704,25 @@ impl BlockStore {
     ///
     /// If the range is outside the store.
     pub fn write(&self, offset: u64, data: &[u8]) {
+        self.write_from(offset, DataOut::Bytes(data));
+    }
+
+    /// Copies `data` into the store at `offset`: bytes, or device memory
+    /// (the SRP target's staging buffer) copied straight into the chunks.
+    ///
+    /// # Panics
+    ///
+    /// If the range is outside the store.
+    pub fn write_from(&self, offset: u64, data: DataOut<'_>) {
         self.check(offset, data.len() as u64);
         let registration = self.registration();
         let mut rest = data;
         for (index, within, piece) in self.pieces(offset, data.len() as u64) {
-            let (head, tail) = rest.split_at(piece);
+            let (head, tail) = rest.split_at(piece).expect("pieces cover the data");
             rest = tail;
             let mut guard = write_lock(&self.chunks[index]);
             self.modify(&mut guard, index, registration.as_deref(), |chunk| {
-                chunk.write_at(within, head);
+                chunk.write_from(within, head);
             });
         }
         self.reap_soon(registration.as_deref());
@@ -842,6 +890,57 @@ mod tests {
         drop(held);
         assert!(store.try_write(0, &[3; 4]));
         assert_eq!(collect(&store, 0, 2), [3, 3]);
+    }
+
+    /// A DMA buffer holding `bytes` (the SRP target's staging buffer
+    /// after its RDMA READs).
+    fn dma_holding(bytes: &[u8]) -> hca_lowlevel::dma::DmaBuffer {
+        let memory = hca_lowlevel::sim::PhysMemory::new(1 << 20);
+        let buf = memory.alloc(bytes.len()).unwrap();
+        buf.write(0, bytes).unwrap();
+        buf
+    }
+
+    #[test]
+    fn writes_from_device_memory_land_as_bytes_do() {
+        let data: Vec<u8> = (0..150_000u32).map(|i| (i % 253) as u8).collect();
+        let buf = dma_holding(&data);
+        let dma = DataOut::dma(&buf, data.len()).unwrap();
+        let (from_dma, from_bytes) = (
+            BlockStore::new(4 * MIN_CHUNK_BYTES),
+            BlockStore::new(4 * MIN_CHUNK_BYTES),
+        );
+        // Across two chunk ends, starting off a word boundary.
+        from_dma.write_from(MIN_CHUNK_BYTES - 1_003, dma);
+        from_bytes.write(MIN_CHUNK_BYTES - 1_003, &data);
+        let len = 4 * MIN_CHUNK_BYTES;
+        assert_eq!(collect(&from_dma, 0, len), collect(&from_bytes, 0, len));
+        assert_eq!(
+            collect(&from_dma, MIN_CHUNK_BYTES - 1_003, data.len() as u64),
+            data
+        );
+        // The non-blocking write takes the same source, into allocated
+        // chunks only.
+        let (head, _) = dma.split_at(4_096).unwrap();
+        from_dma.discard(0, len);
+        assert!(!from_dma.try_write_from(512, head));
+        from_dma.write(0, &[0; 8]);
+        assert!(from_dma.try_write_from(512, head));
+        assert_eq!(collect(&from_dma, 512, 4_096), data[..4_096]);
+        assert_eq!(collect(&from_dma, 0, 512), vec![0u8; 512]);
+    }
+
+    #[test]
+    fn device_memory_data_out_stays_inside_its_buffer() {
+        let buf = dma_holding(&[9; 4_096]);
+        assert!(DataOut::dma(&buf, 4_097).is_none());
+        let whole = DataOut::dma(&buf, 4_096).unwrap();
+        assert!(whole.split_at(4_097).is_none());
+        assert!(whole.prefix(4_097).is_none());
+        let (head, tail) = whole.split_at(100).unwrap();
+        assert_eq!((head.len(), tail.len()), (100, 3_996));
+        assert_eq!(tail.prefix(3).unwrap().to_bytes().as_ref(), [9, 9, 9]);
+        assert!(DataOut::dma(&buf, 0).unwrap().is_empty());
     }
 
     fn collect(store: &BlockStore, offset: u64, len: u64) -> Vec<u8> {

@@ -529,6 +529,97 @@ fn read_only_unit() {
 
 // ------------------------------------------------------------------ VERIFY
 
+/// Runs a data-out command whose data-out is device memory holding
+/// `data` (the SRP target's staging buffer), `len` bytes of it.
+fn run_out_dma(
+    target: &ScsiTarget,
+    index: u16,
+    repr: CdbRepr,
+    data: &[u8],
+    len: usize,
+) -> Response {
+    let memory = hca_lowlevel::sim::PhysMemory::new(1 << 20);
+    let buf = memory.alloc(data.len().max(1)).unwrap();
+    buf.write(0, data).unwrap();
+    let cdb = cdb(repr);
+    let request = Request {
+        data_out: Some(DataOut::dma(&buf, len).unwrap()),
+        ..Request::new(lun(index), &cdb, 0)
+    };
+    let (response, data_in) = target.execute_to_vec(&request);
+    assert!(data_in.is_empty());
+    response
+}
+
+#[test]
+fn device_memory_data_out_is_checked_and_stored_as_bytes_are() {
+    let target = target();
+    // Across the store's first chunk end (64 KiB = block 128).
+    let data = pattern(5, 200 * 512);
+    let response = run_out_dma(&target, 0, write(20, 200), &data, data.len());
+    good(&response);
+    assert_eq!(response.data_out_residual, Residual::None);
+    assert_eq!(run(&target, 0, read(20, 200), 200 * 512).1, data);
+    // Too little: rejected before anything is written, with the residual.
+    let response = run_out_dma(&target, 0, write(300, 4), &[0xAA; 2048], 1500);
+    check(
+        &response,
+        SenseKey::IllegalRequest,
+        AdditionalSense::INVALID_FIELD_IN_COMMAND_IU,
+    );
+    assert_eq!(response.data_out_residual, Residual::Overflow(2048 - 1500));
+    assert!(
+        run(&target, 0, read(300, 4), 2048)
+            .1
+            .iter()
+            .all(|b| *b == 0)
+    );
+    // Too much: the command's length wins; the bytes past it stay out.
+    let response = run_out_dma(&target, 0, write(300, 1), &[0xBB; 700], 700);
+    good(&response);
+    assert_eq!(response.data_out_residual, Residual::Underflow(188));
+    let back = run(&target, 0, read(300, 2), 1024).1;
+    assert!(back[..512].iter().all(|b| *b == 0xBB));
+    assert!(back[512..].iter().all(|b| *b == 0));
+    // VERIFY compares device memory too.
+    good(&run_out_dma(
+        &target,
+        0,
+        verify(20, 4, 1),
+        &data[..2048],
+        2048,
+    ));
+    let mut wrong = data[..2048].to_vec();
+    wrong[777] ^= 1;
+    let sense = check(
+        &run_out_dma(&target, 0, verify(20, 4, 1), &wrong, 2048),
+        SenseKey::Miscompare,
+        AdditionalSense::MISCOMPARE_DURING_VERIFY,
+    );
+    assert_eq!(sense.information, Some(777));
+    // UNMAP reads its parameter list from device memory.
+    let list = unmap_list(&[(20, 8)]);
+    good(&run_out_dma(
+        &target,
+        0,
+        unmap(list.len()),
+        &list,
+        list.len(),
+    ));
+    assert!(run(&target, 0, read(20, 8), 4096).1.iter().all(|b| *b == 0));
+    assert_eq!(run(&target, 0, read(28, 1), 512).1, data[8 * 512..9 * 512]);
+    // A write-protected unit refuses it as it refuses bytes.
+    let mut config = LunConfig::new(BlockSize::B512, 64);
+    config.read_only = true;
+    let mut protected = ScsiTarget::new(TargetConfig::new(TARGET_ID));
+    protected.add_lun(0, config).unwrap();
+    check(
+        &run_out_dma(&protected, 0, write(0, 1), &[1; 512], 512),
+        SenseKey::DataProtect,
+        AdditionalSense::WRITE_PROTECTED,
+    );
+}
+
 fn verify(lba: u64, blocks: u32, bytchk: u8) -> CdbRepr {
     CdbRepr::Verify(VerifyCdb {
         size: CdbSize::Ten,
@@ -1377,7 +1468,7 @@ proptest! {
         let request = Request {
             lun: lun(index),
             cdb: &cdb,
-            data_out: Some(&data_out),
+            data_out: Some(DataOut::Bytes(&data_out)),
             data_in_capacity: capacity,
         };
         let (response, data) = target.execute_to_vec(&request);

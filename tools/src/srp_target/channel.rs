@@ -17,7 +17,9 @@
 //! the inline list only, or immediate at the negotiated offset) →
 //! staging memory → for DATA-OUT, RDMA READs (at most the negotiated
 //! initiator depth outstanding) → the SCSI target executes it (data-in is
-//! written straight into the staging buffer) → RDMA WRITEs of the data-in
+//! written straight into the staging buffer; a WRITE's data-out is copied
+//! once, from the staging buffer straight into the store's chunks, with no
+//! intermediate buffer) → RDMA WRITEs of the data-in
 //! and the `SRP_RSP` SEND, in one batch when the send queue has room →
 //! the SEND completes → the memory goes back.
 //!
@@ -71,7 +73,7 @@ use super::shared::{
     WrCtx, write_response,
 };
 use super::staging::{Piece, Staging, StagingError, StagingPool, for_each_gather_piece, pieces};
-use crate::scsi_target::{Extent, Request as ScsiRequest};
+use crate::scsi_target::{DataOut as ScsiDataOut, Extent, Request as ScsiRequest};
 
 type Hp = HostPlatform;
 
@@ -928,27 +930,28 @@ impl Channel {
             self.data_out = data_out;
             return;
         };
-        let (out, capacity): (Option<&[u8]>, u32) = match &cmd.transfer {
+        let (out, capacity): (Option<ScsiDataOut<'_>>, u32) = match &cmd.transfer {
             Transfer::None => (None, 0),
             Transfer::In(_) => (None, cmd.total),
             Transfer::Out(_) => {
-                // The staging read overwrites every byte, so the buffer is
-                // not zeroed first (a 64 KiB memset per WRITE); only a
-                // failed read falls back to zeros, never to an earlier
+                // The SCSI target takes the data-out from the staging
+                // buffer the RDMA READs landed in: a WRITE copies it once,
+                // straight into the store. Without a buffer that holds it
+                // (never expected) the data-out is zeros, never an earlier
                 // command's bytes.
                 let total = cmd.total as usize;
-                data_out.truncate(total);
-                data_out.resize(total, 0);
-                let read = cmd
+                let staged = cmd
                     .staging
                     .as_ref()
-                    .is_some_and(|buf| buf.mr.mem().read(0, &mut data_out).is_ok());
-                if !read {
-                    data_out.fill(0);
-                }
-                (Some(&data_out[..]), 0)
+                    .and_then(|buf| ScsiDataOut::dma(buf.mr.mem(), total));
+                let out = staged.unwrap_or_else(|| {
+                    data_out.clear();
+                    data_out.resize(total, 0);
+                    ScsiDataOut::Bytes(&data_out[..])
+                });
+                (Some(out), 0)
             }
-            Transfer::Immediate(data) => (Some(&data[..]), 0),
+            Transfer::Immediate(data) => (Some(ScsiDataOut::Bytes(&data[..])), 0),
         };
         let request = ScsiRequest {
             lun: cmd.lun,

@@ -62,7 +62,7 @@ use super::config::SrpTargetConfig;
 use super::counters::Counters;
 use super::shared::{SendWhat, SrpSink, WrCtx, write_response};
 use super::staging::{for_each_gather_piece, for_each_piece};
-use crate::scsi_target::{Extent, Request as ScsiRequest};
+use crate::scsi_target::{DataOut as ScsiDataOut, Extent, Request as ScsiRequest};
 
 type Hp = HostPlatform;
 
@@ -527,7 +527,7 @@ impl Lane {
         let request = ScsiRequest {
             lun: repr.lun,
             cdb: repr.cdb,
-            data_out: immediate,
+            data_out: immediate.map(ScsiDataOut::Bytes),
             data_in_capacity: if count > 0 { total } else { 0 },
         };
         let extents = &mut io.slots.get_mut(usize::from(lane_slot))?.extents;
