@@ -186,7 +186,7 @@ for op in ("read", "write"):
         ratio = max(vals) / min(vals)
         flat[(op, size)] = ratio
         label = f"{'512 B' if size == 512 else '4 KiB'} {op}"
-        print(f"| {label} | " + " | ".join(f"{v:,.0f}" for v in vals) + f" | {ratio:.2f} |")
+        print(f"| {label} | " + " | ".join(f"{v:,.0f}" for v in vals) + f" | {ratio:.3f} |")
 print()
 
 print("## 2. Allocations on the I/O path")
@@ -253,7 +253,7 @@ print(f"| <= ~{GOAL_INSTR_4K} instructions per 4 KiB I/O (initiator path) | "
       f"{min(four_k.values()):,.0f} .. {worst_4k:,.0f} ({worst_4k / GOAL_INSTR_4K:.1f}x the goal at worst) | "
       f"{met(worst_4k <= GOAL_INSTR_4K * 1.05)} |")
 worst_flat = max(flat.values())
-print(f"| flat cost per I/O from QD 1 to QD 256 (most/least <= {GOAL_FLAT}) | worst {worst_flat:.2f} | "
+print(f"| flat cost per I/O from QD 1 to QD 256 (most/least <= {GOAL_FLAT}) | worst {worst_flat:.3f} | "
       f"{met(worst_flat <= GOAL_FLAT)} |")
 print(f"| 128 KiB sequential reads >= {GOAL_SEQ_VS_MEMCPY}x memcpy bandwidth | "
       f"{seq128:.3f}x | {met(seq128 is not None and seq128 >= GOAL_SEQ_VS_MEMCPY)} |")

@@ -133,8 +133,11 @@ impl DirectFrame {
     }
 }
 
-/// Most spare [`DirectFrame`] boxes a thread keeps.
-const DIRECT_POOL_MAX: usize = 256;
+/// Most spare [`DirectFrame`] boxes a thread keeps: room for every frame
+/// of a queue depth of 256 on the wire at once (several per I/O; at most
+/// ~1 MiB a thread). With 256 the pool overflowed at that depth and each
+/// I/O allocated ~3 boxes again (`tools/perf/run.sh`, allocations).
+const DIRECT_POOL_MAX: usize = 4096;
 
 thread_local! {
     #[expect(
