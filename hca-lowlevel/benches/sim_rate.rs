@@ -12,14 +12,10 @@
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use hca_lowlevel::device::{AccessFlags, QpType};
-use hca_lowlevel::sim::testkit::{Node, RcOptions, rdma_wqe, send_wqe};
+use hca_lowlevel::device::QpType;
+use hca_lowlevel::sim::testkit::{Node, RW, RcOptions, rdma_wqe, send_wqe};
 use hca_lowlevel::sim::{Fabric, HcaConfig};
 use hca_lowlevel::wqe::{CtrlFlags, SendOpcode};
-
-const RW: AccessFlags = AccessFlags::LOCAL_WRITE
-    .union(AccessFlags::REMOTE_WRITE)
-    .union(AccessFlags::REMOTE_READ);
 
 fn secs() -> Duration {
     let s = std::env::var("SIM_RATE_SECS")

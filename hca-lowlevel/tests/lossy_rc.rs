@@ -11,14 +11,11 @@
 use std::time::Duration;
 
 use hca_lowlevel::cqe::{CqeOpcode, Syndrome};
-use hca_lowlevel::device::{AccessFlags, HcaDevice, QpState};
-use hca_lowlevel::sim::testkit::{Buffer, Node, RcOptions, rc_pair, rdma_wqe, send_wqe};
+use hca_lowlevel::device::{HcaDevice, QpState};
+use hca_lowlevel::sim::testkit::{Buffer, Node, RW, RcOptions, rc_pair, rdma_wqe, send_wqe};
 use hca_lowlevel::sim::{ExecMode, Fabric, FabricConfig, FaultConfig};
 use hca_lowlevel::wqe::{CtrlFlags, SendOpcode};
 
-const RW: AccessFlags = AccessFlags::LOCAL_WRITE
-    .union(AccessFlags::REMOTE_WRITE)
-    .union(AccessFlags::REMOTE_READ);
 const SLOT: usize = 6000;
 
 fn env(name: &str, default: u64) -> u64 {

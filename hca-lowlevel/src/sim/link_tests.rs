@@ -17,20 +17,11 @@ use crate::wire::{
 };
 use crate::wqe::{CtrlFlags, DatagramSegRepr, SendOpcode};
 
-const RW: AccessFlags = AccessFlags::LOCAL_WRITE
-    .union(AccessFlags::REMOTE_WRITE)
-    .union(AccessFlags::REMOTE_READ);
 const MAC_A: EthernetAddress = EthernetAddress([0x52, 0x54, 0x00, 0x00, 0x00, 0x0a]);
 const MAC_B: EthernetAddress = EthernetAddress([0x52, 0x54, 0x00, 0x00, 0x00, 0x0b]);
 const MAC_PEER: EthernetAddress = EthernetAddress([0x52, 0x54, 0x00, 0x12, 0x34, 0x56]);
 const IP_A: [u8; 4] = [10, 0, 0, 1];
 const IP_B: [u8; 4] = [10, 0, 0, 2];
-
-fn pattern(n: usize, seed: u8) -> Vec<u8> {
-    (0..n)
-        .map(|i| (i as u8).wrapping_mul(29).wrapping_add(seed))
-        .collect()
-}
 
 /// A socket that records what passes through it both ways.
 struct Tap {

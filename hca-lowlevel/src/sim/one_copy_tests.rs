@@ -9,16 +9,6 @@ use crate::cqe::{CqeRepr, Syndrome};
 use crate::device::QpState;
 use crate::wqe::{CtrlFlags, SendOpcode};
 
-const RW: AccessFlags = AccessFlags::LOCAL_WRITE
-    .union(AccessFlags::REMOTE_WRITE)
-    .union(AccessFlags::REMOTE_READ);
-
-fn pattern(n: usize, seed: u8) -> Vec<u8> {
-    (0..n)
-        .map(|i| (i as u8).wrapping_mul(37).wrapping_add(seed))
-        .collect()
-}
-
 fn no_errors(cqes: &[CqeRepr]) {
     assert!(cqes.iter().all(|c| c.error().is_none()), "{cqes:?}");
 }

@@ -20,6 +20,20 @@ use crate::wqe::{CtrlFlags, DataSegRepr, SendOpcode, SendWqeBuilder};
 
 use super::{Fabric, FrameSocket, HcaConfig, LinkConfig, PAGE_SIZE, SoftHca};
 
+/// What the tests' buffers allow: local write, remote write and remote read.
+pub const RW: AccessFlags = AccessFlags::LOCAL_WRITE
+    .union(AccessFlags::REMOTE_WRITE)
+    .union(AccessFlags::REMOTE_READ);
+
+/// `n` bytes of a pattern that differs by `seed` and does not repeat within
+/// 256 bytes, so a byte placed at the wrong offset shows.
+#[must_use]
+pub fn pattern(n: usize, seed: u8) -> Vec<u8> {
+    (0..n)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
 /// Records every event it receives.
 #[derive(Default)]
 pub struct EventLog {

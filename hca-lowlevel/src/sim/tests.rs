@@ -11,16 +11,6 @@ use crate::dma::PhysAddr;
 use crate::wire::{Operation, RoceV2FrameRepr};
 use crate::wqe::{CtrlFlags, DataSegRepr, DatagramSegRepr, RegMrSegRepr, SendOpcode};
 
-const RW: AccessFlags = AccessFlags::LOCAL_WRITE
-    .union(AccessFlags::REMOTE_WRITE)
-    .union(AccessFlags::REMOTE_READ);
-
-fn pattern(n: usize, seed: u8) -> Vec<u8> {
-    (0..n)
-        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
-        .collect()
-}
-
 fn pair() -> (Fabric, Node, Node) {
     let f = Fabric::stepped();
     let (a, b) = rc_pair(&f, RcOptions::default()).unwrap();
