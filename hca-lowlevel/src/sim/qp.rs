@@ -29,7 +29,7 @@ use super::link::{roce_udp_src_port, rxe_udp_src_port};
 use super::mem::{DeviceMem, PhysMemory};
 use super::payload::{Payload, Source, pinned, recycle_pinned};
 use super::resources::{Cq, KeyError, Mr, check_key, mr_pin, mr_read, mr_write};
-use super::world::{Event, Outbox, Shared, SharedPayload};
+use super::world::{Event, Outbox, Route, Shared, SharedPayload};
 
 /// Request packets after which AckReq is set even mid-message (as rxe).
 const ACK_EVERY: u32 = 64;
@@ -426,6 +426,19 @@ impl Qp {
             roce_udp_src_port(self.attr.av.flow_label, self.qpn, self.attr.dest_qpn)
         } else {
             rxe_udp_src_port(self.qpn)
+        }
+    }
+
+    /// The route of this connected QP's packets from `local_gid`: its
+    /// path's GID, traffic class and hop limit (0 taken as 64).
+    fn route(&self, local_gid: Gid) -> Route {
+        let av = &self.attr.av;
+        Route {
+            src: local_gid,
+            dst: av.dgid,
+            tos: av.traffic_class,
+            ttl: if av.hop_limit == 0 { 64 } else { av.hop_limit },
+            udp_src_port: self.udp_src_port(),
         }
     }
 
@@ -848,15 +861,15 @@ impl Qp {
         }
         self.next_psn = self.next_psn.next();
         self.stats.packets_sent += 1;
-        ctx.out.send_shared(
-            ctx.local_gid,
-            Gid(av.rgid),
-            av.tclass,
-            av.hop_limit,
-            self.udp_src_port(),
-            &pkt,
-            op.shared_payload(0..op.payload_len),
-        );
+        let route = Route {
+            src: ctx.local_gid,
+            dst: Gid(av.rgid),
+            tos: av.tclass,
+            ttl: av.hop_limit,
+            udp_src_port: self.udp_src_port(),
+        };
+        ctx.out
+            .send_shared(route, &pkt, op.shared_payload(0..op.payload_len));
         op.status = OpStatus::Done;
     }
 
@@ -905,13 +918,7 @@ impl Qp {
     /// Emits the packets of op `i` from `from` to its end; returns the PSN after it.
     fn emit_op(&mut self, ctx: &mut Ctx<'_>, i: usize, from: Psn) -> Psn {
         let mtu = self.mtu();
-        let dgid = self.attr.av.dgid;
-        let tclass = self.attr.av.traffic_class;
-        let hop = if self.attr.av.hop_limit == 0 {
-            64
-        } else {
-            self.attr.av.hop_limit
-        };
+        let route = self.route(ctx.local_gid);
         let dest_qp = Qpn::from_low_bits(self.attr.dest_qpn);
         let Some(op) = self.ops.get(i) else {
             return from;
@@ -941,8 +948,7 @@ impl Qp {
                     .len
                     .saturating_sub(u32::try_from(off).unwrap_or(u32::MAX)),
             });
-            ctx.out
-                .send(ctx.local_gid, dgid, tclass, hop, self.udp_src_port(), &pkt);
+            ctx.out.send(route, &pkt);
             sent += 1;
         } else {
             for k in k0..op.npkts {
@@ -988,15 +994,7 @@ impl Qp {
                 if h.contains(crate::wire::HeaderSet::IETH) {
                     pkt.ieth = Some(IethRepr { rkey: op.imm });
                 }
-                ctx.out.send_shared(
-                    ctx.local_gid,
-                    dgid,
-                    tclass,
-                    hop,
-                    self.udp_src_port(),
-                    &pkt,
-                    op.shared_payload(lo..hi),
-                );
+                ctx.out.send_shared(route, &pkt, op.shared_payload(lo..hi));
                 sent += 1;
             }
         }
@@ -1793,19 +1791,7 @@ impl Qp {
             syndrome,
             msn: Msn::from_low_bits(self.msn),
         });
-        let hop = if self.attr.av.hop_limit == 0 {
-            64
-        } else {
-            self.attr.av.hop_limit
-        };
-        ctx.out.send(
-            ctx.local_gid,
-            self.attr.av.dgid,
-            self.attr.av.traffic_class,
-            hop,
-            self.udp_src_port(),
-            &pkt,
-        );
+        ctx.out.send(self.route(ctx.local_gid), &pkt);
     }
 
     /// Emits queued ACKs/NAKs and up to a burst of READ response packets.
@@ -1899,24 +1885,12 @@ impl Qp {
                             msn: Msn::from_low_bits(self.msn),
                         });
                     }
-                    let hop = if self.attr.av.hop_limit == 0 {
-                        64
-                    } else {
-                        self.attr.av.hop_limit
-                    };
                     let payload = SharedPayload {
                         src: data.unwrap_or_else(|()| Source::Bytes(Arc::default())),
                         range: 0..n,
                     };
-                    ctx.out.send_shared(
-                        ctx.local_gid,
-                        self.attr.av.dgid,
-                        self.attr.av.traffic_class,
-                        hop,
-                        self.udp_src_port(),
-                        &pkt,
-                        payload,
-                    );
+                    ctx.out
+                        .send_shared(self.route(ctx.local_gid), &pkt, payload);
                     budget -= 1;
                 }
             }

@@ -260,27 +260,36 @@ fn mac_of(ip: Ipv4Address) -> EthernetAddress {
     EthernetAddress([0x02, 0x00, a, b, c, d])
 }
 
+/// Where a packet goes and how it is framed on the way: what every frame a
+/// QP sends carries besides its packet.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Route {
+    /// The sender's GID (IPv4-mapped).
+    pub src: Gid,
+    /// The receiver's GID (IPv4-mapped).
+    pub dst: Gid,
+    /// IPv4 type of service (the traffic class).
+    pub tos: u8,
+    /// IPv4 time to live (the hop limit).
+    pub ttl: u8,
+    /// The UDP source port (the QP's flow label).
+    pub udp_src_port: u16,
+}
+
 /// The RoCEv2 framing of `pkt` (IPv4-mapped GIDs), or `None` if a GID is
 /// not IPv4-mapped.
-fn roce_frame<'a>(
-    src: Gid,
-    dst: Gid,
-    tos: u8,
-    ttl: u8,
-    udp_src_port: u16,
-    pkt: IbPacketRepr<'a>,
-) -> Option<RoceV2FrameRepr<'a>> {
-    let (src_ip, dst_ip) = (src.to_ipv4()?, dst.to_ipv4()?);
+fn roce_frame(route: Route, pkt: IbPacketRepr<'_>) -> Option<RoceV2FrameRepr<'_>> {
+    let (src_ip, dst_ip) = (route.src.to_ipv4()?, route.dst.to_ipv4()?);
     Some(RoceV2FrameRepr {
         src_mac: mac_of(src_ip),
         dst_mac: mac_of(dst_ip),
         src_ip,
         dst_ip,
-        tos,
-        ttl,
+        tos: route.tos,
+        ttl: route.ttl,
         ident: 0,
         dont_fragment: true,
-        udp_src_port,
+        udp_src_port: route.udp_src_port,
         packet: pkt,
     })
 }
@@ -292,21 +301,13 @@ const DIRECT_MAX_PAYLOAD: usize = 4096;
 
 impl Outbox {
     /// Frames `pkt` as RoCEv2 (IPv4-mapped GIDs) and queues it.
-    pub fn send(
-        &mut self,
-        src: Gid,
-        dst: Gid,
-        tos: u8,
-        ttl: u8,
-        udp_src_port: u16,
-        pkt: &IbPacketRepr<'_>,
-    ) {
-        let Some(frame) = roce_frame(src, dst, tos, ttl, udp_src_port, *pkt) else {
+    pub fn send(&mut self, route: Route, pkt: &IbPacketRepr<'_>) {
+        let Some(frame) = roce_frame(route, *pkt) else {
             self.unroutable += 1;
             return;
         };
         match emit_frame(&frame) {
-            Some(buf) => self.frames.push((dst, Frame::Bytes(buf))),
+            Some(buf) => self.frames.push((route.dst, Frame::Bytes(buf))),
             None => self.unroutable += 1,
         }
     }
@@ -315,49 +316,29 @@ impl Outbox {
     /// `pkt.payload` is), kept by reference: the frame is written out only
     /// if its link needs bytes (see [`DirectFrame`]). A packet the emitter
     /// would reject takes [`Self::send`], so it meets the same fate.
-    #[expect(clippy::too_many_arguments, reason = "send's, and the payload")]
-    pub fn send_shared(
-        &mut self,
-        src: Gid,
-        dst: Gid,
-        tos: u8,
-        ttl: u8,
-        udp_src_port: u16,
-        pkt: &IbPacketRepr<'_>,
-        payload: SharedPayload,
-    ) {
+    pub fn send_shared(&mut self, route: Route, pkt: &IbPacketRepr<'_>, payload: SharedPayload) {
         let data = payload.payload();
         let mut full = *pkt;
         full.payload = match data {
             Payload::Bytes(b) => b,
             Payload::Pinned { len, .. } => match NO_BYTES.get(..len) {
                 Some(zeros) => zeros,
-                None => return self.send_materialized(src, dst, tos, ttl, udp_src_port, pkt, data),
+                None => return self.send_materialized(route, pkt, data),
             },
         };
         if full.check().is_err() || full.payload.len() > DIRECT_MAX_PAYLOAD {
-            return self.send_materialized(src, dst, tos, ttl, udp_src_port, pkt, data);
+            return self.send_materialized(route, pkt, data);
         }
-        let Some(headers) = roce_frame(src, dst, tos, ttl, udp_src_port, headers_only(pkt)) else {
+        let Some(headers) = roce_frame(route, headers_only(pkt)) else {
             self.unroutable += 1;
             return;
         };
         self.frames
-            .push((dst, Frame::Direct(direct_frame(headers, payload))));
+            .push((route.dst, Frame::Direct(direct_frame(headers, payload))));
     }
 
     /// [`Self::send`] of `pkt` with `data` as its payload, read now.
-    #[expect(clippy::too_many_arguments, reason = "send's, and the payload")]
-    fn send_materialized(
-        &mut self,
-        src: Gid,
-        dst: Gid,
-        tos: u8,
-        ttl: u8,
-        udp_src_port: u16,
-        pkt: &IbPacketRepr<'_>,
-        data: Payload<'_>,
-    ) {
+    fn send_materialized(&mut self, route: Route, pkt: &IbPacketRepr<'_>, data: Payload<'_>) {
         let bytes;
         let mut full = *pkt;
         full.payload = match data {
@@ -373,7 +354,7 @@ impl Outbox {
                 }
             },
         };
-        self.send(src, dst, tos, ttl, udp_src_port, &full);
+        self.send(route, &full);
     }
 }
 
@@ -1249,6 +1230,17 @@ mod tests {
         Gid::from_ipv4(Ipv4Address([10, 0, 0, last]))
     }
 
+    /// From `gid(1)` to `dst`, TTL 64, one UDP source port.
+    fn route(dst: Gid, tos: u8) -> Route {
+        Route {
+            src: gid(1),
+            dst,
+            tos,
+            ttl: 64,
+            udp_src_port: 0xc000,
+        }
+    }
+
     fn bth(operation: Operation) -> BthRepr {
         BthRepr {
             opcode: Opcode::new(Transport::Rc, operation).unwrap(),
@@ -1293,7 +1285,7 @@ mod tests {
                 src: Source::Pinned(pinned.clone()),
                 range,
             };
-            out.send_shared(gid(1), gid(2), 0, 64, 0xc000, pkt, shared);
+            out.send_shared(route(gid(2), 0), pkt, shared);
             let Some((_, Frame::Direct(d))) = out.frames.pop() else {
                 panic!("a direct frame expected");
             };
@@ -1332,7 +1324,7 @@ mod tests {
             src: Source::Pinned(pinned.clone()),
             range: 2900..3100,
         };
-        out.send_shared(gid(1), gid(2), 0, 64, 0xc000, &pkt, shared);
+        out.send_shared(route(gid(2), 0), &pkt, shared);
         drop(buffers);
         let Some((_, Frame::Direct(d))) = out.frames.pop() else {
             panic!("a direct frame expected");
@@ -1406,11 +1398,11 @@ mod tests {
                     src,
                     range: range.clone(),
                 };
-                direct.send_shared(gid(1), gid(2), 3, 64, 0xc000, &pkt, shared);
+                direct.send_shared(route(gid(2), 3), &pkt, shared);
                 let mut full = pkt;
                 full.payload = &buf[range.clone()];
                 let mut bytes = Outbox::default();
-                bytes.send(gid(1), gid(2), 3, 64, 0xc000, &full);
+                bytes.send(route(gid(2), 3), &full);
                 let (Some((dg, Frame::Direct(d))), Some((bg, Frame::Bytes(b)))) =
                     (direct.frames.pop(), bytes.frames.pop())
                 else {
@@ -1439,7 +1431,7 @@ mod tests {
             src: Source::Pinned(pinned.clone()),
             range: 0..8,
         };
-        out.send_shared(gid(1), gid(2), 0, 64, 0xc000, &ack, shared);
+        out.send_shared(route(gid(2), 0), &ack, shared);
         assert!(out.frames.is_empty());
         assert_eq!(out.unroutable, 1);
         // A GID that is not IPv4-mapped is unroutable either way.
@@ -1448,7 +1440,7 @@ mod tests {
             range: 0..8,
         };
         let pkt = IbPacketRepr::new(bth(Operation::SendOnly), &[]);
-        out.send_shared(gid(1), Gid([0xfe; 16]), 0, 64, 0xc000, &pkt, shared);
+        out.send_shared(route(Gid([0xfe; 16]), 0), &pkt, shared);
         assert!(out.frames.is_empty());
         assert_eq!(out.unroutable, 2);
     }
