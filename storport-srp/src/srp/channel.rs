@@ -1447,8 +1447,9 @@ impl<P: Platform> Engine<P> {
                     .read(usize::try_from(at).unwrap_or(usize::MAX), b)
                     .is_ok()
             });
-        // The bytes are ours now: the buffer goes back at once.
-        let reposted = conn.post_recv(index, irql);
+        // The bytes are ours now: the buffer goes back (held, then
+        // reposted with the next few in one batch).
+        let reposted = conn.repost_recv(index, irql);
         if !reposted && conn.life.lock(irql).phase == Phase::Live {
             self.conn_failed(conn, Cause::Transport, Why::Repost, irql);
             return;
