@@ -17,7 +17,8 @@
 //!    are in it); the credits of `req_lim_delta` are applied under the
 //!    channel lock; status, residuals and sense are kept in the slot; a
 //!    LOCAL_INV is posted for every MR (the last one signalled) and the
-//!    MRs go back to the pool; the receive is reposted.
+//!    MRs go back to the pool; the receive buffer goes back (held, and
+//!    reposted four at a time: `Conn::repost_recv`).
 //! 4. **complete**: only when the SEND is complete *and* the
 //!    invalidation has completed (nvme-rdma's rule: the target can no
 //!    longer reach the buffer, and the HCA no longer reads the IU), the
@@ -1447,8 +1448,9 @@ impl<P: Platform> Engine<P> {
                     .read(usize::try_from(at).unwrap_or(usize::MAX), b)
                     .is_ok()
             });
-        // The bytes are ours now: the buffer goes back at once.
-        let reposted = conn.post_recv(index, irql);
+        // The bytes are ours now: the buffer goes back (held, then
+        // reposted with the next few in one batch).
+        let reposted = conn.repost_recv(index, irql);
         if !reposted && conn.life.lock(irql).phase == Phase::Live {
             self.conn_failed(conn, Cause::Transport, Why::Repost, irql);
             return;

@@ -35,6 +35,7 @@
 //! handler here runs at `DISPATCH_LEVEL`.
 
 use alloc::sync::{Arc, Weak};
+use core::sync::atomic::{AtomicU64, Ordering};
 
 use hca_lowlevel::device::{AccessFlags, AsyncEvent, QpType};
 use kverbs::cm::qp::init_attrs;
@@ -109,6 +110,21 @@ pub(crate) struct IuLayout {
 
 /// Bytes of a TMF or response IU slot.
 pub(crate) const SMALL_IU: u64 = 64;
+
+/// Receive buffers a connection holds back after their IUs are read, to
+/// repost them with the next one in a single receive batch (see
+/// [`Conn::repost_recv`]). The layout has this many buffers beyond the
+/// command, TMF and unsolicited ones, so the receives posted never drop
+/// below what the target may send into (the low-water mark).
+pub(crate) const RX_REPOST_HELD: u32 = 3;
+
+/// Bit position of the held count in [`Conn::rx_held`] (three 16-bit
+/// buffer indices below it).
+const RX_HELD_COUNT_SHIFT: u32 = 48;
+
+// The word holds three indices below the count; `Conn::repost_recv` posts
+// them and the fourth buffer as one batch of four.
+const _: () = assert!(RX_REPOST_HELD == 3);
 
 impl IuLayout {
     /// The layout for `cmd_count` commands of `cmd_len` bytes, `tmf_count`
@@ -198,6 +214,11 @@ pub(crate) struct Conn<P: Platform> {
     /// gather entries of immediate data point at the request's own
     /// buffer with it, so the data is never copied into `tx`.
     pub reserved_lkey: u32,
+    /// Receive buffers read and waiting to be reposted (up to
+    /// [`RX_REPOST_HELD`]): their indices, 16 bits each from bit 0, and
+    /// their count at [`RX_HELD_COUNT_SHIFT`]. One word, so holding a
+    /// buffer back costs a compare-exchange, not a lock.
+    rx_held: AtomicU64,
     pub life: SpinLock<Life, P>,
     pub handler: Arc<ConnHandler<P>>,
 }
@@ -359,6 +380,7 @@ impl<P: Platform> Conn<P> {
             rx,
             pool,
             reserved_lkey: device.attr().reserved_lkey,
+            rx_held: AtomicU64::new(0),
             life: SpinLock::new(Life {
                 phase: Phase::Connecting,
                 cm_id: None,
@@ -400,20 +422,66 @@ impl<P: Platform> Conn<P> {
     /// # IRQL
     /// <= `DISPATCH_LEVEL`.
     pub(crate) fn post_recv(&self, index: u16, irql: &impl LeDispatch) -> bool {
+        self.post_recvs(&[index], irql)
+    }
+
+    /// Gives back receive buffer `index`, whose IU has been read: it is
+    /// held until [`RX_REPOST_HELD`] others are, then all go out in one
+    /// receive batch (one lock, one publish, one doorbell record for
+    /// four receives). `false` if that post failed.
+    ///
+    /// Safe against the target because the layout counts the held
+    /// buffers on top of every receive the target may fill (commands,
+    /// TMFs, unsolicited requests): at most [`RX_REPOST_HELD`] are held,
+    /// so never fewer than those are posted. Buffers still held when the
+    /// connection ends were never posted, so no flush completion names
+    /// them; they go with the connection's buffer.
+    ///
+    /// # IRQL
+    /// <= `DISPATCH_LEVEL`.
+    pub(crate) fn repost_recv(&self, index: u16, irql: &impl LeDispatch) -> bool {
+        let mut held = self.rx_held.load(Ordering::Relaxed);
+        loop {
+            let (next, full) = hold_recv(held, index);
+            // One drain loop delivers a CQ's completions, so this is never
+            // contended; the compare-exchange only keeps it exact if it were.
+            match self.rx_held.compare_exchange_weak(
+                held,
+                next,
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => match full {
+                    Some(indices) => return self.post_recvs(&indices, irql),
+                    None => return true,
+                },
+                Err(actual) => held = actual,
+            }
+        }
+    }
+
+    /// Posts receive buffers `indices` in one batch; `false` if the QP
+    /// refused any (then none is posted).
+    ///
+    /// # IRQL
+    /// <= `DISPATCH_LEVEL`.
+    fn post_recvs(&self, indices: &[u16], irql: &impl LeDispatch) -> bool {
         let stride = u64::from(self.layout.rx_stride);
-        let Some(sge) = self
-            .rx
-            .sge(stride * u64::from(index), self.layout.rx_stride)
-        else {
-            return false;
-        };
         let Ok(mut batch) = self.qp.begin_recv(irql) else {
             return false;
         };
-        if batch.recv(&[sge], WrCtx::Recv(index)).is_err() {
-            return false;
+        for &index in indices {
+            let Some(sge) = self
+                .rx
+                .sge(stride * u64::from(index), self.layout.rx_stride)
+            else {
+                return false;
+            };
+            if batch.recv(&[sge], WrCtx::Recv(index)).is_err() {
+                return false;
+            }
         }
-        batch.commit() == 1
+        usize::try_from(batch.commit()).is_ok_and(|n| n == indices.len())
     }
 
     /// The SGE of `len` bytes at `offset` of the transmit buffer.
@@ -576,6 +644,19 @@ impl<P: Platform> Conn<P> {
     }
 }
 
+/// Holds receive buffer `index` in `held` (a [`Conn::rx_held`] word): the
+/// new word, and the four buffers to post together once
+/// [`RX_REPOST_HELD`] were held already (the word is then empty).
+fn hold_recv(held: u64, index: u16) -> (u64, Option<[u16; 4]>) {
+    let count = held >> RX_HELD_COUNT_SHIFT;
+    if count < u64::from(RX_REPOST_HELD) {
+        let slot = u64::from(index) << (16 * count);
+        return ((held | slot) + (1 << RX_HELD_COUNT_SHIFT), None);
+    }
+    let at = |i: u64| u16::try_from((held >> (16 * i)) & 0xffff).unwrap_or(u16::MAX);
+    (0, Some([at(0), at(1), at(2), index]))
+}
+
 /// A registered connection and its engine, both held strongly: what the
 /// connection's handler reaches them through, with one weak reference to
 /// upgrade per event (per polled batch, a per-round cost a QD 1 read pays
@@ -691,6 +772,25 @@ impl<P: Platform> CmHandler for ConnHandler<P> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every buffer given back comes out exactly once, in order, four at
+    /// a time, and never more than three are held.
+    #[test]
+    fn held_receives_go_out_in_fours() {
+        let mut held = 0u64;
+        let mut posted = alloc::vec::Vec::new();
+        for index in [7u16, 0, u16::MAX, 300, 5, 6, 1, 2, 9] {
+            let (next, full) = hold_recv(held, index);
+            held = next;
+            if let Some(batch) = full {
+                posted.extend_from_slice(&batch);
+                assert_eq!(held, 0);
+            }
+            assert!(held >> RX_HELD_COUNT_SHIFT <= u64::from(RX_REPOST_HELD));
+        }
+        assert_eq!(posted, [7, 0, u16::MAX, 300, 5, 6, 1, 2]);
+        assert_eq!(held, 9 | (1 << RX_HELD_COUNT_SHIFT));
+    }
 
     #[test]
     fn layout() {

@@ -42,7 +42,7 @@ use kverbs::wire::{CmPathRepr, IbTimeout, PortSpace, ServiceId, cm::PERMISSIVE_L
 use kverbs::worker::{CompleteAt, Outcome, RequestQueue, WorkHandler, Worker};
 
 use super::channel::Channel;
-use super::conn::{Conn, ConnLink, ConnShape, IuLayout, WrCtx};
+use super::conn::{Conn, ConnLink, ConnShape, IuLayout, RX_REPOST_HELD, WrCtx};
 use super::login::{self, DEFAULT_MAX_IMM_DATA, LoginFailure, LoginForm, LoginPlan, login_request};
 use super::mapping::PAGE;
 use super::params::{Addressing, TargetParams, Timeouts};
@@ -187,8 +187,11 @@ impl Sizing {
         self.it_iu_len.max(login::MIN_USABLE_TI_IU_LEN)
     }
 
+    /// Receive buffers: one per command, TMF and unsolicited target
+    /// request, and the ones a connection may hold back from reposting
+    /// ([`RX_REPOST_HELD`]: they are never counted on).
     pub(crate) fn rx_count(&self) -> u32 {
-        self.queue_size + TMF_SLOTS + UNSOLICITED_RECVS
+        self.queue_size + TMF_SLOTS + UNSOLICITED_RECVS + RX_REPOST_HELD
     }
 }
 
