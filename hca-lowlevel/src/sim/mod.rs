@@ -29,6 +29,7 @@
 //! itself, so a completion event can arrive before the posting routine
 //! returns. Timeouts use a virtual clock there, so they are deterministic.
 
+mod engine_gate;
 mod fault;
 pub mod link;
 mod mem;

@@ -8,8 +8,9 @@
 //! in either mode) runs the engine on the calling thread if no one else is
 //! running it. In thread mode with inline doorbells the device thread stays:
 //! it runs the timers and the link input, and the doorbells that found the
-//! engine busy (whoever holds the world when a doorbell rings picks the
-//! doorbell up before letting go, or the device thread is woken for it).
+//! world busy with something other than an engine run (an engine run picks
+//! up the doorbells rung while it runs before it finishes, so those cost no
+//! wake-up; see the `engine_gate` module).
 
 use std::cell::{Cell, RefCell};
 use std::cmp::Reverse;
@@ -23,6 +24,7 @@ use crate::wire::{
     EthernetAddress, ICRC_LEN, IbPacketRepr, Ipv4Address, RoceV2FrameRepr, Transport,
 };
 
+use super::engine_gate::EngineGate;
 use super::fault::{FaultConfig, Faults};
 use super::link::{Delivery, EthLink};
 use super::mem::PhysMemory;
@@ -1017,7 +1019,9 @@ fn in_model<R>(f: impl FnOnce() -> R) -> R {
 /// State shared by the fabric, its HCAs and their doorbell registers.
 pub(crate) struct Shared {
     world: Mutex<World>,
-    pending: AtomicBool,
+    /// Doorbells rung since the last engine pass took them, and the engine
+    /// runs that will re-check for more (see the `engine_gate` module).
+    gate: EngineGate,
     pub mode: ExecMode,
     inline: AtomicBool,
     clock: Clock,
@@ -1036,7 +1040,7 @@ impl Shared {
     pub fn new(mode: ExecMode, seed: u64, inline: bool) -> Self {
         Self {
             world: Mutex::new(World::new(seed)),
-            pending: AtomicBool::new(false),
+            gate: EngineGate::new(),
             mode,
             inline: AtomicBool::new(inline),
             clock: match mode {
@@ -1081,31 +1085,29 @@ impl Shared {
         let events = std::mem::take(&mut w.events);
         drop(w);
         self.deliver(events);
-        self.pending.store(true, Ordering::SeqCst);
         self.kick();
     }
 
     /// A doorbell was written: run or wake the device. Never blocks on the
     /// world lock.
     pub fn kick(&self) {
-        self.pending.store(true, Ordering::SeqCst);
+        self.gate.ring();
         let inline = self.inline.load(Ordering::SeqCst) && !IN_DEVICE.with(Cell::get);
-        match self.mode {
-            ExecMode::Thread => {
-                // A doorbell never waits: either this thread takes the
-                // free engine, or the device thread is woken. (It is woken
-                // too when the world is busy: whoever holds it may be a
-                // control command or a deadline query that does not run
-                // the engine before letting go.)
-                if !(inline && self.run_engine(false)) {
-                    self.wake_device();
-                }
-            }
-            ExecMode::Stepped => {
-                if inline {
-                    self.run_engine(false);
-                }
-            }
+        // Takes the free engine, or hands the doorbell over.
+        if !(inline && self.run_engine(false)) {
+            self.world_busy();
+        }
+    }
+
+    /// A doorbell is pending and this thread will not run the engine for
+    /// it (the world is busy, or it rang from an event handler). Thread
+    /// mode: wakes the device thread unless an engine run is in progress
+    /// that will re-check the doorbells before it finishes — the holder of
+    /// the world may be a control command or a deadline query that lets go
+    /// without running the engine (see the `engine_gate` module).
+    fn world_busy(&self) {
+        if self.mode == ExecMode::Thread && self.gate.busy_needs_wake() {
+            self.wake_device();
         }
     }
 
@@ -1119,7 +1121,8 @@ impl Shared {
     /// Runs the engine until idle if no other thread is running it; loops
     /// while doorbells keep arriving. With `wait`, blocks for the lock.
     /// Returns `false` if it did not get the world at all (without `wait`,
-    /// another thread held it).
+    /// another thread held it). A run that re-checks, finds a doorbell and
+    /// then the world busy hands the doorbell over ([`Self::world_busy`]).
     pub fn run_engine(&self, wait: bool) -> bool {
         let mut ran = false;
         loop {
@@ -1128,9 +1131,15 @@ impl Shared {
             } else {
                 self.world.try_lock().ok()
             };
-            let Some(mut w) = guard else { return ran };
+            let Some(mut w) = guard else {
+                if ran {
+                    self.world_busy();
+                }
+                return ran;
+            };
             ran = true;
-            self.pending.store(false, Ordering::SeqCst);
+            let counted = self.gate.begin_run();
+            self.gate.take_pending();
             w.now = self.now();
             in_model(|| w.run_until_idle());
             if self.mode == ExecMode::Thread && !self.on_device_thread() {
@@ -1144,7 +1153,8 @@ impl Shared {
             let events = std::mem::take(&mut w.events);
             drop(w);
             self.deliver(events);
-            if !self.pending.load(Ordering::SeqCst) {
+            drop(counted);
+            if !self.gate.rang_since() {
                 return ran;
             }
         }

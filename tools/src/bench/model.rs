@@ -44,10 +44,78 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+/// `wait` from now (a far-off instant for a wait too long to add).
+fn deadline_after(wait: Duration) -> Instant {
+    let now = Instant::now();
+    now.checked_add(wait)
+        .unwrap_or_else(|| now + Duration::from_secs(86_400))
+}
+
 /// Where one worker's completions go.
 struct Mailbox {
-    done: Mutex<VecDeque<(u32, Instant)>>,
+    done: Mutex<Done>,
     ready: Condvar,
+}
+
+/// A mailbox's completions and whether its owner (one thread: the queue's
+/// worker, or the caller of a one-shot command) sleeps on them.
+struct Done {
+    queue: VecDeque<(u32, Instant)>,
+    /// The owner sleeps in [`Mailbox::wait_while`] and no completion has
+    /// woken it yet.
+    sleeping: bool,
+}
+
+impl Mailbox {
+    fn new(capacity: usize) -> Self {
+        Self {
+            done: Mutex::new(Done {
+                queue: VecDeque::with_capacity(capacity),
+                sleeping: false,
+            }),
+            ready: Condvar::new(),
+        }
+    }
+
+    /// Posts a completion. Wakes the owner only if it sleeps on the
+    /// mailbox and no earlier completion has woken it: a condvar notify is
+    /// a futex syscall even with no one waiting (one per I/O on the CQ DPC
+    /// thread before, two thirds of the process's futex wakes in a 128 KiB
+    /// read). The owner says it sleeps under the same lock before it
+    /// waits, so no completion goes unnoticed.
+    fn post(&self, request: u32, at: Instant) {
+        let mut done = lock(&self.done);
+        done.queue.push_back((request, at));
+        let wake = std::mem::take(&mut done.sleeping);
+        drop(done);
+        if wake {
+            self.ready.notify_one();
+        }
+    }
+
+    /// Waits while `more` says the completions so far are not enough, until
+    /// `deadline`; returns them (locked) either way.
+    fn wait_while(
+        &self,
+        deadline: Instant,
+        mut more: impl FnMut(&VecDeque<(u32, Instant)>) -> bool,
+    ) -> MutexGuard<'_, Done> {
+        let mut done = lock(&self.done);
+        while more(&done.queue) {
+            let now = Instant::now();
+            if now >= deadline {
+                break;
+            }
+            done.sleeping = true;
+            done = self
+                .ready
+                .wait_timeout(done, deadline - now)
+                .map(|(g, _)| g)
+                .unwrap_or_else(|e| e.into_inner().0);
+            done.sleeping = false;
+        }
+        done
+    }
 }
 
 /// Request index → the mailbox of the queue that owns it.
@@ -63,8 +131,7 @@ impl Routes {
             .get(request as usize)
             .and_then(|m| lock(m).clone());
         if let Some(mailbox) = mailbox {
-            lock(&mailbox.done).push_back((request, at));
-            mailbox.ready.notify_one();
+            mailbox.post(request, at);
         }
     }
 
@@ -179,10 +246,7 @@ impl<M: HwMiniport<HostPort>> ModelBackend<M> {
     /// data.
     fn one_shot(&self, spec: &RequestSpec) -> Result<(RequestOutcome, Vec<u8>), BackendError> {
         let model = &self.shared.model;
-        let mailbox = Arc::new(Mailbox {
-            done: Mutex::new(VecDeque::with_capacity(4)),
-            ready: Condvar::new(),
-        });
+        let mailbox = Arc::new(Mailbox::new(4));
         let id = self
             .platform
             .run_passive(|p| model.create(spec, p))
@@ -193,19 +257,11 @@ impl<M: HwMiniport<HostPort>> ModelBackend<M> {
             .map_err(|e| BackendError::new(format!("cannot issue a request: {e:?}")))?;
         self.platform.run_passive(|p| model.pump(p));
         let deadline = Instant::now() + self.shared.settle_timeout;
-        let mut done = lock(&mailbox.done);
-        while done.is_empty() {
-            let now = Instant::now();
-            if now >= deadline {
-                return Err(BackendError::new(
-                    "a setup command did not complete (the stack is stuck)",
-                ));
-            }
-            done = mailbox
-                .ready
-                .wait_timeout(done, deadline - now)
-                .map(|(g, _)| g)
-                .unwrap_or_else(|e| e.into_inner().0);
+        let done = mailbox.wait_while(deadline, VecDeque::is_empty);
+        if done.queue.is_empty() {
+            return Err(BackendError::new(
+                "a setup command did not complete (the stack is stuck)",
+            ));
         }
         drop(done);
         self.shared.routes.set(id, None);
@@ -367,12 +423,9 @@ impl<M: HwMiniport<HostPort>> Backend for ModelBackend<M> {
     }
 
     fn open_queue(&self, config: &QueueConfig) -> Result<Box<dyn IoQueue>, BackendError> {
-        let mailbox = Arc::new(Mailbox {
-            done: Mutex::new(VecDeque::with_capacity(
-                config.depth * config.transfer_sizes.len().max(1) + 8,
-            )),
-            ready: Condvar::new(),
-        });
+        let mailbox = Arc::new(Mailbox::new(
+            config.depth * config.transfer_sizes.len().max(1) + 8,
+        ));
         let model = &self.shared.model;
         let mut requests: Vec<Vec<u32>> = Vec::with_capacity(config.depth);
         let mut fresh: Vec<u32> = Vec::new();
@@ -506,22 +559,13 @@ impl<M: HwMiniport<HostPort>> ModelQueue<M> {
     /// Waits for `n` completions of the queue's own setup I/O.
     fn wait_for(&self, n: usize) -> Result<(), BackendError> {
         let deadline = Instant::now() + self.shared.settle_timeout;
-        let mut done = lock(&self.mailbox.done);
-        while done.len() < n {
-            let now = Instant::now();
-            if now >= deadline {
-                return Err(BackendError::new(
-                    "setup I/O did not complete (the stack is stuck)",
-                ));
-            }
-            done = self
-                .mailbox
-                .ready
-                .wait_timeout(done, deadline - now)
-                .map(|(g, _)| g)
-                .unwrap_or_else(|e| e.into_inner().0);
+        let mut done = self.mailbox.wait_while(deadline, |q| q.len() < n);
+        if done.queue.len() < n {
+            return Err(BackendError::new(
+                "setup I/O did not complete (the stack is stuck)",
+            ));
         }
-        done.clear();
+        done.queue.clear();
         Ok(())
     }
 }
@@ -590,16 +634,10 @@ impl<M: HwMiniport<HostPort>> IoQueue for ModelQueue<M> {
 
     fn reap(&mut self, out: &mut Vec<IoCompletion>, wait: Duration) -> Result<(), BackendError> {
         let drained: Vec<(u32, Instant)> = {
-            let mut done = lock(&self.mailbox.done);
-            if done.is_empty() && !wait.is_zero() {
-                done = self
-                    .mailbox
-                    .ready
-                    .wait_timeout(done, wait)
-                    .map(|(g, _)| g)
-                    .unwrap_or_else(|e| e.into_inner().0);
-            }
-            done.drain(..).collect()
+            let mut done = self
+                .mailbox
+                .wait_while(deadline_after(wait), VecDeque::is_empty);
+            done.queue.drain(..).collect()
         };
         for (id, at) in drained {
             let Some(&slot) = self.owner.get(&id) else {
