@@ -48,13 +48,16 @@
 //! # IRQL
 //! Everything reachable from `HwStartIo`, the ExecutionRoutine, the DPC,
 //! `HwResetBus` and the transport upcalls runs at <= `DISPATCH_LEVEL`,
-//! takes only spin locks (never across a post) and never allocates: the
+//! takes only spin locks (never across a post) or lock-free atomics (the
+//! tracker) and never allocates: the
 //! tracker, the target and LUN tables, the worker and its request slots are
 //! all allocated in `find_adapter`, at `PASSIVE_LEVEL`. The device-IRQL
 //! routines (`initialize`, `stop_adapter`, `restart_adapter`) touch atomics
 //! and queue a DPC, nothing else.
 
-#![forbid(unsafe_code)]
+// Safe code throughout, except the tracker's per-slot request hand-off
+// (`tracker::Slot`), which states its own exception.
+#![deny(unsafe_code)]
 
 pub mod status;
 pub mod tracker;
@@ -255,7 +258,7 @@ const GATE_POSTERS: u32 = GATE_CLOSER - 1;
 pub struct Core<S: StorPort> {
     port: S,
     config: AdapterConfig,
-    tracker: Tracker<S::Srb, S::Platform>,
+    tracker: Tracker<S::Srb>,
     /// `TargetState` codes, one per target.
     targets: Box<[AtomicU8]>,
     /// `targets * luns_per_target` entries.
