@@ -1327,10 +1327,9 @@ impl<S: StorPort, T: Transport> HwMiniport<S> for Adapter<S, T> {
 
     fn start_io<I: LeDispatch>(&self, srb: S::Srb, irql: &I) {
         let core = &*self.core;
-        if let Err(status) = self.classify(&srb) {
-            core.complete_local(srb, status, irql);
-            return;
-        }
+        // `build_io` classified this request just before (both trampolines
+        // run it first, and again after a BUSY requeue); the arms below
+        // check what they index by themselves.
         match srb.function() {
             SrbFunction::ExecuteScsi => self.start_scsi(srb, irql),
             SrbFunction::AbortCommand => self.start_abort(srb, irql),
@@ -1353,6 +1352,10 @@ impl<S: StorPort, T: Transport> HwMiniport<S> for Adapter<S, T> {
                 core.complete_local(srb, SrbStatus::SUCCESS, irql);
             }
             SrbFunction::Pnp => {
+                if let Err(status) = core.check_address(srb.address()) {
+                    core.complete_local(srb, status, irql);
+                    return;
+                }
                 let status = match srb.pnp_action() {
                     Some(
                         PnpAction::StartDevice
