@@ -1602,5 +1602,5 @@ impl Session {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "host"))]
 mod tests;

@@ -48,13 +48,16 @@
 //! # IRQL
 //! Everything reachable from `HwStartIo`, the ExecutionRoutine, the DPC,
 //! `HwResetBus` and the transport upcalls runs at <= `DISPATCH_LEVEL`,
-//! takes only spin locks (never across a post) and never allocates: the
+//! takes only spin locks (never across a post) or lock-free atomics (the
+//! tracker) and never allocates: the
 //! tracker, the target and LUN tables, the worker and its request slots are
 //! all allocated in `find_adapter`, at `PASSIVE_LEVEL`. The device-IRQL
 //! routines (`initialize`, `stop_adapter`, `restart_adapter`) touch atomics
 //! and queue a DPC, nothing else.
 
-#![forbid(unsafe_code)]
+// Safe code throughout, except the tracker's per-slot request hand-off
+// (`tracker::Slot`) and `at_dispatch`'s token, which state their own.
+#![deny(unsafe_code)]
 
 pub mod status;
 pub mod tracker;
@@ -65,8 +68,8 @@ use alloc::sync::Arc;
 use alloc::vec::Vec;
 use core::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
 
-use kverbs::irql::{AnyIrql, Dispatch, LeDispatch, Passive};
-use kverbs::platform::AllocError;
+use kverbs::irql::{AnyIrql, Dispatch, Irql, LeDispatch, Passive};
+use kverbs::platform::{AllocError, Platform};
 use kverbs::rundown::Rundown;
 use kverbs::sync::{PassiveMutex, with_dispatch};
 use kverbs::worker::{CompleteAt, Outcome, RequestQueue, WorkHandler, Worker};
@@ -99,6 +102,10 @@ pub const TMF_SLOTS: u32 = 16;
 
 /// Marks the extension word as holding a tag the core wrote.
 const EXTENSION_TAG_VALID: u64 = 1 << 63;
+/// In the extension word: the command's data moves out (else in), as
+/// `start_scsi` resolved it, so the ExecutionRoutine need not resolve it
+/// again.
+const EXTENSION_DATA_OUT: u64 = 1 << 62;
 
 /// The adapter's shape, fixed at `find_adapter`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -255,7 +262,7 @@ const GATE_POSTERS: u32 = GATE_CLOSER - 1;
 pub struct Core<S: StorPort> {
     port: S,
     config: AdapterConfig,
-    tracker: Tracker<S::Srb, S::Platform>,
+    tracker: Tracker<S::Srb>,
     /// `TargetState` codes, one per target.
     targets: Box<[AtomicU8]>,
     /// `targets * luns_per_target` entries.
@@ -423,7 +430,7 @@ impl<S: StorPort> Core<S> {
     }
 
     fn put_sg(&self, srb: &mut S::Srb, irql: &impl LeDispatch) {
-        with_dispatch::<S::Platform, _, _>(irql, |d| self.port.put_scatter_gather_list(srb, d));
+        at_dispatch::<S::Platform, _, _>(irql, |d| self.port.put_scatter_gather_list(srb, d));
     }
 
     // -- holds --------------------------------------------------------------
@@ -544,6 +551,29 @@ impl<S: StorPort> Core<S> {
 
     fn gate_open(&self) {
         self.gate.fetch_sub(GATE_CLOSER, Ordering::AcqRel);
+    }
+}
+
+/// Runs `f` at `DISPATCH_LEVEL`: directly when the caller's token already
+/// proves that level (StorPort calls `HwStartIo` there, and every upcall
+/// is at `DISPATCH_LEVEL`), else inside a raise ([`with_dispatch`]) — a
+/// raise and lower per call that the common case does not need.
+///
+/// # IRQL
+/// <= `DISPATCH_LEVEL`; `f` runs at `DISPATCH_LEVEL`.
+fn at_dispatch<P: Platform, I: LeDispatch, R>(
+    irql: &I,
+    f: impl for<'t> FnOnce(&Dispatch<'t>) -> R,
+) -> R {
+    if I::IRQL == Irql::DISPATCH {
+        #[expect(unsafe_code, reason = "re-minting the token the caller holds")]
+        // SAFETY: `LeDispatch` is sealed and only `Dispatch` has this level,
+        // so the caller holds a `Dispatch` token: the processor is at
+        // `DISPATCH_LEVEL` for at least this borrow, which outlives `f`.
+        let token = unsafe { Dispatch::assume::<P>() };
+        f(&token)
+    } else {
+        with_dispatch::<P, _, _>(irql, f)
     }
 }
 
@@ -853,13 +883,18 @@ impl<S: StorPort, T: Transport> Adapter<S, T> {
             return;
         };
         if let Some(word) = srb.extension().first() {
+            let out = if direction == DataDirection::Out {
+                EXTENSION_DATA_OUT
+            } else {
+                0
+            };
             word.store(
-                EXTENSION_TAG_VALID | u64::from(tag.raw()),
+                EXTENSION_TAG_VALID | out | u64::from(tag.raw()),
                 Ordering::Release,
             );
         }
         if has_sg {
-            with_dispatch::<S::Platform, _, _>(irql, |d| {
+            at_dispatch::<S::Platform, _, _>(irql, |d| {
                 if let Err(refused) = core.port.get_scatter_gather_list(srb, d) {
                     // No map registers now: not started, so BUSY.
                     let busy = SrbStatus::BUSY;
@@ -867,7 +902,7 @@ impl<S: StorPort, T: Transport> Adapter<S, T> {
                 }
             });
         } else {
-            self.submit(srb, tag, meta, irql);
+            self.submit(srb, tag, meta, direction, irql);
         }
     }
 
@@ -904,8 +939,16 @@ impl<S: StorPort, T: Transport> Adapter<S, T> {
         core.finish_local(srb, status, has_sg, irql);
     }
 
-    /// Prepares, parks and posts a reserved command.
-    fn submit<I: LeDispatch>(&self, srb: S::Srb, tag: Tag, meta: Meta, irql: &I) {
+    /// Prepares, parks and posts a reserved command moving its data
+    /// `direction` (resolved once, by `start_scsi`).
+    fn submit<I: LeDispatch>(
+        &self,
+        srb: S::Srb,
+        tag: Tag,
+        meta: Meta,
+        direction: DataDirection,
+        irql: &I,
+    ) {
         let core = &*self.core;
         let since = Some(core.wake_epoch(meta.address.target));
         let EntryKind::Command { requested, has_sg } = meta.kind else {
@@ -921,13 +964,6 @@ impl<S: StorPort, T: Transport> Adapter<S, T> {
             return;
         };
         let address = meta.address;
-        let direction = match resolve_direction(&srb) {
-            Ok(d) => d,
-            Err(status) => {
-                self.abandon(srb, tag, address, has_sg, status, None, irql);
-                return;
-            }
-        };
         let prepared = {
             let sg_list = if has_sg {
                 srb.scatter_gather()
@@ -1291,10 +1327,9 @@ impl<S: StorPort, T: Transport> HwMiniport<S> for Adapter<S, T> {
 
     fn start_io<I: LeDispatch>(&self, srb: S::Srb, irql: &I) {
         let core = &*self.core;
-        if let Err(status) = self.classify(&srb) {
-            core.complete_local(srb, status, irql);
-            return;
-        }
+        // `build_io` classified this request just before (both trampolines
+        // run it first, and again after a BUSY requeue); the arms below
+        // check what they index by themselves.
         match srb.function() {
             SrbFunction::ExecuteScsi => self.start_scsi(srb, irql),
             SrbFunction::AbortCommand => self.start_abort(srb, irql),
@@ -1303,7 +1338,7 @@ impl<S: StorPort, T: Transport> HwMiniport<S> for Adapter<S, T> {
             }
             SrbFunction::ResetBus => {
                 let path = srb.address().path;
-                let ok = with_dispatch::<S::Platform, _, _>(irql, |d| self.reset_bus_now(path, d));
+                let ok = at_dispatch::<S::Platform, _, _>(irql, |d| self.reset_bus_now(path, d));
                 let status = if ok {
                     SrbStatus::SUCCESS
                 } else {
@@ -1317,6 +1352,10 @@ impl<S: StorPort, T: Transport> HwMiniport<S> for Adapter<S, T> {
                 core.complete_local(srb, SrbStatus::SUCCESS, irql);
             }
             SrbFunction::Pnp => {
+                if let Err(status) = core.check_address(srb.address()) {
+                    core.complete_local(srb, status, irql);
+                    return;
+                }
                 let status = match srb.pnp_action() {
                     Some(
                         PnpAction::StartDevice
@@ -1358,7 +1397,13 @@ impl<S: StorPort, T: Transport> HwMiniport<S> for Adapter<S, T> {
             core.finish_local(srb, SrbStatus::INTERNAL_ERROR, true, irql);
             return;
         }
-        self.submit(srb, tag, meta, irql);
+        // Only data transfers ask for a list.
+        let direction = if word & EXTENSION_DATA_OUT == 0 {
+            DataDirection::In
+        } else {
+            DataDirection::Out
+        };
+        self.submit(srb, tag, meta, direction, irql);
     }
 
     fn reset_bus(&self, path: u8, irql: &Dispatch<'_>) -> bool {

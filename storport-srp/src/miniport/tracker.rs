@@ -4,7 +4,7 @@
 //! # Exactly once, by construction
 //! A request handle is move-only and completing it consumes it. While the
 //! transport has a command, the handle lives *in* its slot
-//! ([`SlotState::Active`]); the only ways out are [`Tracker::take`] (the
+//! (phase `Active`); the only ways out are [`Tracker::take`] (the
 //! completion upcall) and [`Tracker::unpark`] (a refused post), both of
 //! which empty the slot and bump nothing else. A second upcall for the same
 //! tag finds the slot empty — or reused under a new generation, which the
@@ -26,27 +26,43 @@
 //! [`Disposition`] instead, and the owner completes the request with it
 //! when it tries to park.
 //!
-//! # One lock per transition
-//! Each transition holds only its slot's lock: the free slots are a
-//! lock-free stack ([`FreeStack`]) beside the slots, popped before the
-//! slot is locked (`reserve`) and pushed after it is unlocked (`take`,
-//! `release`). A slot index is in the stack only while its slot is
-//! `Free`, and only its single owner moves it in or out, so the stack
-//! never hands one index out twice.
+//! # No locks: one state word per slot
+//! Each slot's state is one atomic word, generation (the tag's) and phase
+//! together, and every transition is a compare-and-swap of the whole word
+//! — so a stale tag never moves a reused slot, and of two racing
+//! transitions (a completion and an abort's claim, say) exactly one wins.
+//! A disposition is a phase (`Reserved` marked aborted or reset), not a
+//! field, so a claim is a single swap too. The request's facts an abort
+//! or reset matches on are kept in atomics beside the word and validated
+//! against it after the read (see `Slot`); the request itself sits in a
+//! cell only the thread that won the way in (park) or out (take) touches.
+//! An I/O's reserve, park and take are three swaps and two stores here
+//! (plus the free stack's two), where they were three spin lock
+//! acquisitions.
+//!
+//! The free slots are a lock-free stack ([`FreeStack`]) beside the slots,
+//! popped before the slot is reserved and pushed after it is freed. A slot
+//! index is in the stack only while its slot is `Free`, and only its
+//! single owner moves it in or out, so the stack never hands one index out
+//! twice.
 //!
 //! # IRQL
 //! Everything here runs at <= `DISPATCH_LEVEL`, never blocks and never
 //! allocates; the table is allocated once, at `PASSIVE_LEVEL`.
 
-#![forbid(unsafe_code)]
+// UNSAFETY: a parked request lives in an `UnsafeCell` handed between the
+// parking and the taking thread by the slot's state word (see `Slot`).
+#![expect(unsafe_code, reason = "per-slot request hand-off over UnsafeCell")]
 
 use alloc::boxed::Box;
 use alloc::vec::Vec;
-use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
+#[cfg(not(loom))]
+use core::sync::atomic::fence;
 use kverbs::irql::{LeDispatch, Passive};
-use kverbs::platform::Platform;
-use kverbs::sync::SpinLock;
+use kverbs::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+#[cfg(loom)]
+use loom::sync::atomic::fence;
 
 use super::status::TmfKind;
 use super::transport::Tag;
@@ -96,23 +112,6 @@ pub struct Meta {
     pub disposition: Disposition,
 }
 
-/// A slot's state.
-#[derive(Debug)]
-pub enum SlotState<R> {
-    /// Unused.
-    Free,
-    /// Tag handed out; the request is with its owner.
-    Reserved(Meta),
-    /// The request is parked here; the transport has (or is being given)
-    /// the command.
-    Active(Meta, R),
-}
-
-struct Slot<R> {
-    generation: u16,
-    state: SlotState<R>,
-}
-
 /// Where an ABORT_COMMAND's victim is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum VictimState {
@@ -134,11 +133,190 @@ pub enum ParkRefused<R> {
     NotReserved(R),
 }
 
+/// A slot's phase: the low bits of its state word.
+mod phase {
+    /// Unused; its index is in the free stack (or about to be).
+    pub const FREE: u32 = 0;
+    /// Tag handed out, the request with its owner, nothing decided.
+    pub const RESERVED: u32 = 1;
+    /// Reserved, and an ABORT_COMMAND claimed it.
+    pub const RESERVED_ABORTED: u32 = 2;
+    /// Reserved, and a bus or LUN reset claimed it.
+    pub const RESERVED_RESET: u32 = 3;
+    /// The owner won the park and is moving the request in.
+    pub const PARKING: u32 = 4;
+    /// The request is in the slot; the transport has (or is being given)
+    /// the command.
+    pub const ACTIVE: u32 = 5;
+    /// Bits of the state word that hold the phase.
+    pub const MASK: u32 = 0xffff;
+}
+
+/// A slot's state word: generation in the high 16 bits (the tag's), phase
+/// in the low 16.
+const fn state(generation: u16, phase: u32) -> u32 {
+    ((generation as u32) << INDEX_BITS) | phase
+}
+
+const fn phase_of(state: u32) -> u32 {
+    state & phase::MASK
+}
+
+/// [`Meta`] without its disposition (which lives in the phase), as two
+/// atomic words: read by aborts and resets while the owner may be freeing
+/// the slot, so a read may see a later reservation's words — which the
+/// state word's generation then exposes (see [`Slot::read_key`]).
+///
+/// `address_kind` packs path (bits 0..8), target (8..16), LUN (16..24),
+/// the kind (24..26: 0 command, 1 ABORT TASK, 2 LUN RESET), `has_sg`
+/// (bit 26) and `requested` (32..64).
+struct Key {
+    identity: AtomicU64,
+    address_kind: AtomicU64,
+}
+
+impl Key {
+    fn pack(meta: &Meta) -> (u64, u64) {
+        let a = meta.address;
+        let (kind, has_sg, requested) = match meta.kind {
+            EntryKind::Command { requested, has_sg } => (0, has_sg, requested),
+            EntryKind::Tmf(TmfKind::AbortTask) => (1, false, 0),
+            EntryKind::Tmf(TmfKind::LunReset) => (2, false, 0),
+        };
+        let word = u64::from(a.path)
+            | u64::from(a.target) << 8
+            | u64::from(a.lun) << 16
+            | kind << 24
+            | u64::from(has_sg) << 26
+            | u64::from(requested) << 32;
+        (meta.identity.0, word)
+    }
+
+    fn unpack(identity: u64, word: u64, disposition: Disposition) -> Meta {
+        let byte = |shift: u32| (word >> shift) as u8;
+        let kind = match (word >> 24) & 3 {
+            1 => EntryKind::Tmf(TmfKind::AbortTask),
+            2 => EntryKind::Tmf(TmfKind::LunReset),
+            _ => EntryKind::Command {
+                requested: (word >> 32) as u32,
+                has_sg: word & (1 << 26) != 0,
+            },
+        };
+        Meta {
+            kind,
+            address: Address::new(byte(0), byte(8), byte(16)),
+            identity: SrbIdentity(identity),
+            disposition,
+        }
+    }
+}
+
+/// The request a slot holds while `ACTIVE`: `core`'s `UnsafeCell`
+/// normally, loom's under `cfg(loom)` so the model checks every access.
+struct Payload<R> {
+    #[cfg(not(loom))]
+    inner: core::cell::UnsafeCell<Option<R>>,
+    #[cfg(loom)]
+    inner: loom::cell::UnsafeCell<Option<R>>,
+}
+
+impl<R> Payload<R> {
+    fn new() -> Self {
+        Payload {
+            #[cfg(not(loom))]
+            inner: core::cell::UnsafeCell::new(None),
+            #[cfg(loom)]
+            inner: loom::cell::UnsafeCell::new(None),
+        }
+    }
+
+    /// Replaces the request, returning the old one.
+    ///
+    /// # Safety
+    /// The caller owns the slot: it won the transition into `PARKING`
+    /// (and has not yet published `ACTIVE`) or out of `ACTIVE`.
+    unsafe fn replace(&self, request: Option<R>) -> Option<R> {
+        #[cfg(not(loom))]
+        {
+            // SAFETY: the caller owns the slot (above), so no other thread
+            // touches the cell now.
+            unsafe { core::mem::replace(&mut *self.inner.get(), request) }
+        }
+        #[cfg(loom)]
+        {
+            // SAFETY: as above; loom checks it.
+            self.inner
+                .with_mut(|cell| unsafe { core::mem::replace(&mut *cell, request) })
+        }
+    }
+}
+
+/// One tracked request: its state word, its key and, while parked, the
+/// request itself.
+///
+/// # Ownership
+/// Every transition is a compare-and-swap (or, from a phase only the
+/// owner may leave, a store) of `state`, and the whole word — generation
+/// included — must match, so a stale tag never moves a reused slot:
+/// * `FREE -> RESERVED` (new generation): the thread that popped the
+///   index; it writes the key first.
+/// * `RESERVED -> RESERVED_ABORTED | RESERVED_RESET`: an abort or reset
+///   whose key check the swap validates.
+/// * `RESERVED* -> FREE` (`release`) and `RESERVED -> PARKING`: whoever
+///   wins the swap; `PARKING -> ACTIVE` after the request is in.
+/// * `ACTIVE -> FREE` (`take`): the winner moves the request out and
+///   only then pushes the index back to the free stack.
+///
+/// So `payload` is touched only by the thread that won the way into
+/// `PARKING` or out of `ACTIVE`, never by two at once.
+struct Slot<R> {
+    state: AtomicU32,
+    key: Key,
+    payload: Payload<R>,
+}
+
+impl<R> Slot<R> {
+    fn new() -> Self {
+        Slot {
+            state: AtomicU32::new(state(0, phase::FREE)),
+            key: Key {
+                identity: AtomicU64::new(0),
+                address_kind: AtomicU64::new(0),
+            },
+            payload: Payload::new(),
+        }
+    }
+
+    /// The key, as read now — possibly a later reservation's. The trailing
+    /// Acquire fence pairs with the Release fence in `reserve` ahead of the
+    /// key stores: if a load saw a later reservation's key, the state load
+    /// or swap after this call sees that the slot moved on (a seqlock).
+    fn read_key(&self) -> (u64, u64) {
+        let identity = self.key.identity.load(Ordering::Relaxed);
+        let word = self.key.address_kind.load(Ordering::Relaxed);
+        fence(Ordering::Acquire);
+        (identity, word)
+    }
+
+    /// Whether the state word is still `seen` (after [`Self::read_key`]:
+    /// the key read belongs to `seen`).
+    fn still(&self, seen: u32) -> bool {
+        self.state.load(Ordering::Relaxed) == seen
+    }
+}
+
 /// The slot table.
-pub struct Tracker<R, P: Platform> {
-    slots: Box<[SpinLock<Slot<R>, P>]>,
+pub struct Tracker<R> {
+    slots: Box<[Slot<R>]>,
     free: FreeStack,
 }
+
+// SAFETY: a request moves from the parking thread to the taking thread (so
+// `R: Send`); no payload is touched by two threads at once (see `Slot`'s
+// ownership rules); everything else is atomics.
+unsafe impl<R: Send> Sync for Tracker<R> {}
+// SAFETY: moving the table moves the requests it holds.
+unsafe impl<R: Send> Send for Tracker<R> {}
 
 /// The free slot indices: a lock-free (Treiber) stack.
 ///
@@ -235,7 +413,7 @@ impl FreeStack {
     }
 }
 
-impl<R, P: Platform> Tracker<R, P> {
+impl<R> Tracker<R> {
     /// A table of `capacity` slots (clamped to `1..=MAX_SLOTS`).
     ///
     /// # IRQL
@@ -243,14 +421,7 @@ impl<R, P: Platform> Tracker<R, P> {
     #[must_use]
     pub fn new(capacity: usize, _irql: &Passive<'_>) -> Self {
         let capacity = capacity.clamp(1, MAX_SLOTS);
-        let slots: Vec<SpinLock<Slot<R>, P>> = (0..capacity)
-            .map(|_| {
-                SpinLock::new(Slot {
-                    generation: 0,
-                    state: SlotState::Free,
-                })
-            })
-            .collect();
+        let slots: Vec<Slot<R>> = (0..capacity).map(|_| Slot::new()).collect();
         Self {
             slots: slots.into_boxed_slice(),
             // Pop order: slot 0 first.
@@ -274,23 +445,40 @@ impl<R, P: Platform> Tracker<R, P> {
         Tag((u32::from(generation) << INDEX_BITS) | (index as u32 & ((1 << INDEX_BITS) - 1)))
     }
 
+    /// The slot `tag` indexes and the generation it names.
+    fn slot(&self, tag: Tag) -> Option<(usize, &Slot<R>, u16)> {
+        let (index, generation) = Self::split(tag);
+        Some((index, self.slots.get(index)?, generation))
+    }
+
     /// Hands out a tag for a request described by `meta`; `None` when every
     /// slot is in use.
     ///
     /// # IRQL
     /// <= `DISPATCH_LEVEL`.
-    pub fn reserve(&self, meta: Meta, irql: &impl LeDispatch) -> Option<Tag> {
+    pub fn reserve(&self, meta: Meta, _irql: &impl LeDispatch) -> Option<Tag> {
         let index = self.free.pop()?;
-        let slot = self.slots.get(index)?;
-        let mut slot = slot.lock(irql);
-        slot.generation = slot.generation.wrapping_add(1);
-        slot.state = SlotState::Reserved(meta);
-        Some(Self::make_tag(index, slot.generation))
-    }
-
-    /// Returns a slot its owner has just set `Free` (and unlocked).
-    fn push_free(&self, index: usize, _irql: &impl LeDispatch) {
-        self.free.push(index);
+        let Some(slot) = self.slots.get(index) else {
+            self.free.push(index);
+            return None;
+        };
+        // The popped index is ours alone: nobody else moves a FREE slot.
+        let old = slot.state.load(Ordering::Relaxed);
+        let generation = ((old >> INDEX_BITS) as u16).wrapping_add(1);
+        let (identity, word) = Key::pack(&meta);
+        // Orders the key stores after everything that freed the slot (see
+        // `Slot::read_key`).
+        fence(Ordering::Release);
+        slot.key.identity.store(identity, Ordering::Relaxed);
+        slot.key.address_kind.store(word, Ordering::Relaxed);
+        let phase = match meta.disposition {
+            Disposition::Proceed => phase::RESERVED,
+            Disposition::Aborted => phase::RESERVED_ABORTED,
+            Disposition::Reset => phase::RESERVED_RESET,
+        };
+        slot.state
+            .store(state(generation, phase), Ordering::Release);
+        Some(Self::make_tag(index, generation))
     }
 
     /// Gives a reservation back without parking (the request was completed
@@ -299,24 +487,33 @@ impl<R, P: Platform> Tracker<R, P> {
     ///
     /// # IRQL
     /// <= `DISPATCH_LEVEL`.
-    pub fn release(&self, tag: Tag, irql: &impl LeDispatch) -> Option<Disposition> {
-        let (index, generation) = Self::split(tag);
-        let disposition = {
-            let mut slot = self.slots.get(index)?.lock(irql);
-            if slot.generation != generation {
+    pub fn release(&self, tag: Tag, _irql: &impl LeDispatch) -> Option<Disposition> {
+        let (index, slot, generation) = self.slot(tag)?;
+        let mut seen = slot.state.load(Ordering::Relaxed);
+        loop {
+            if seen >> INDEX_BITS != u32::from(generation) {
                 return None;
             }
-            match core::mem::replace(&mut slot.state, SlotState::Free) {
-                SlotState::Reserved(meta) => meta.disposition,
-                other => {
-                    // Not a reservation: put it back untouched.
-                    slot.state = other;
-                    return None;
+            let disposition = match phase_of(seen) {
+                phase::RESERVED => Disposition::Proceed,
+                phase::RESERVED_ABORTED => Disposition::Aborted,
+                phase::RESERVED_RESET => Disposition::Reset,
+                _ => return None,
+            };
+            match slot.state.compare_exchange(
+                seen,
+                state(generation, phase::FREE),
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => {
+                    self.free.push(index);
+                    return Some(disposition);
                 }
+                // An abort or reset marked it meanwhile: read it again.
+                Err(now) => seen = now,
             }
-        };
-        self.push_free(index, irql);
-        Some(disposition)
+        }
     }
 
     /// Parks `request` under its reservation: from now on a completion for
@@ -331,29 +528,36 @@ impl<R, P: Platform> Tracker<R, P> {
     ///
     /// # IRQL
     /// <= `DISPATCH_LEVEL`.
-    pub fn park(&self, tag: Tag, request: R, irql: &impl LeDispatch) -> Result<(), ParkRefused<R>> {
-        let (index, generation) = Self::split(tag);
-        let Some(slot) = self.slots.get(index) else {
+    pub fn park(
+        &self,
+        tag: Tag,
+        request: R,
+        _irql: &impl LeDispatch,
+    ) -> Result<(), ParkRefused<R>> {
+        let Some((_, slot, generation)) = self.slot(tag) else {
             return Err(ParkRefused::NotReserved(request));
         };
-        let mut slot = slot.lock(irql);
-        if slot.generation != generation {
-            return Err(ParkRefused::NotReserved(request));
+        match slot.state.compare_exchange(
+            state(generation, phase::RESERVED),
+            state(generation, phase::PARKING),
+            Ordering::Acquire,
+            Ordering::Relaxed,
+        ) {
+            Ok(_) => {}
+            Err(now) if now == state(generation, phase::RESERVED_ABORTED) => {
+                return Err(ParkRefused::Disposed(request, Disposition::Aborted));
+            }
+            Err(now) if now == state(generation, phase::RESERVED_RESET) => {
+                return Err(ParkRefused::Disposed(request, Disposition::Reset));
+            }
+            Err(_) => return Err(ParkRefused::NotReserved(request)),
         }
-        match core::mem::replace(&mut slot.state, SlotState::Free) {
-            SlotState::Reserved(meta) if meta.disposition == Disposition::Proceed => {
-                slot.state = SlotState::Active(meta, request);
-                Ok(())
-            }
-            SlotState::Reserved(meta) => {
-                slot.state = SlotState::Reserved(meta);
-                Err(ParkRefused::Disposed(request, meta.disposition))
-            }
-            other => {
-                slot.state = other;
-                Err(ParkRefused::NotReserved(request))
-            }
-        }
+        // SAFETY: this thread won RESERVED -> PARKING; nobody else touches
+        // the payload until it publishes ACTIVE below.
+        let _empty = unsafe { slot.payload.replace(Some(request)) };
+        slot.state
+            .store(state(generation, phase::ACTIVE), Ordering::Release);
+        Ok(())
     }
 
     /// Takes a parked request out (its completion). `None` if `tag` is not
@@ -366,29 +570,34 @@ impl<R, P: Platform> Tracker<R, P> {
         &self,
         tag: Tag,
         want: impl Fn(&EntryKind) -> bool,
-        irql: &impl LeDispatch,
+        _irql: &impl LeDispatch,
     ) -> Option<(R, Meta)> {
-        let (index, generation) = Self::split(tag);
-        let taken = {
-            let mut slot = self.slots.get(index)?.lock(irql);
-            if slot.generation != generation {
-                return None;
-            }
-            match &slot.state {
-                SlotState::Active(meta, _) if want(&meta.kind) => {}
-                _ => return None,
-            }
-            match core::mem::replace(&mut slot.state, SlotState::Free) {
-                SlotState::Active(meta, request) => (request, meta),
-                // Unreachable: matched `Active` just above under the lock.
-                other => {
-                    slot.state = other;
-                    return None;
-                }
-            }
-        };
-        self.push_free(index, irql);
-        Some(taken)
+        let (index, slot, generation) = self.slot(tag)?;
+        let active = state(generation, phase::ACTIVE);
+        if slot.state.load(Ordering::Acquire) != active {
+            return None;
+        }
+        let (identity, word) = slot.read_key();
+        let meta = Key::unpack(identity, word, Disposition::Proceed);
+        if !want(&meta.kind) {
+            return None;
+        }
+        // Success also proves the key read belongs to this generation.
+        slot.state
+            .compare_exchange(
+                active,
+                state(generation, phase::FREE),
+                Ordering::Acquire,
+                Ordering::Relaxed,
+            )
+            .ok()?;
+        // SAFETY: this thread won ACTIVE -> FREE and has not yet pushed the
+        // index back, so nobody else touches the payload.
+        let request = unsafe { slot.payload.replace(None) };
+        self.free.push(index);
+        // `None` only if PARKING -> ACTIVE was published without a request,
+        // which `park` never does.
+        Some((request?, meta))
     }
 
     /// Takes a parked request back after the transport refused to post it.
@@ -410,31 +619,46 @@ impl<R, P: Platform> Tracker<R, P> {
         &self,
         tag: Tag,
         identity: SrbIdentity,
-        irql: &impl LeDispatch,
+        _irql: &impl LeDispatch,
     ) -> VictimState {
-        let (index, generation) = Self::split(tag);
-        let Some(slot) = self.slots.get(index) else {
+        let Some((_, slot, generation)) = self.slot(tag) else {
             return VictimState::NotFound;
         };
-        let mut slot = slot.lock(irql);
-        if slot.generation != generation {
-            return VictimState::NotFound;
-        }
-        match &mut slot.state {
-            SlotState::Reserved(meta)
-                if meta.identity == identity && matches!(meta.kind, EntryKind::Command { .. }) =>
-            {
-                if meta.disposition == Disposition::Proceed {
-                    meta.disposition = Disposition::Aborted;
+        let mut seen = slot.state.load(Ordering::Acquire);
+        loop {
+            if seen >> INDEX_BITS != u32::from(generation) {
+                return VictimState::NotFound;
+            }
+            let (key_identity, word) = slot.read_key();
+            let meta = Key::unpack(key_identity, word, Disposition::Proceed);
+            let matches =
+                meta.identity == identity && matches!(meta.kind, EntryKind::Command { .. });
+            let verdict = match phase_of(seen) {
+                phase::RESERVED if matches => {
+                    match slot.state.compare_exchange(
+                        seen,
+                        state(generation, phase::RESERVED_ABORTED),
+                        Ordering::AcqRel,
+                        Ordering::Acquire,
+                    ) {
+                        Ok(_) => return VictimState::MarkedAborted,
+                        Err(now) => {
+                            seen = now;
+                            continue;
+                        }
+                    }
                 }
-                VictimState::MarkedAborted
+                phase::RESERVED_ABORTED | phase::RESERVED_RESET if matches => {
+                    VictimState::MarkedAborted
+                }
+                phase::PARKING | phase::ACTIVE if matches => VictimState::Posted(meta.address),
+                _ => VictimState::NotFound,
+            };
+            // The verdict holds if the key read was this state's.
+            if slot.still(seen) {
+                return verdict;
             }
-            SlotState::Active(meta, _)
-                if meta.identity == identity && matches!(meta.kind, EntryKind::Command { .. }) =>
-            {
-                VictimState::Posted(meta.address)
-            }
-            _ => VictimState::NotFound,
+            seen = slot.state.load(Ordering::Acquire);
         }
     }
 
@@ -447,18 +671,30 @@ impl<R, P: Platform> Tracker<R, P> {
     pub fn mark_reserved_reset(
         &self,
         covers: impl Fn(&Address) -> bool,
-        irql: &impl LeDispatch,
+        _irql: &impl LeDispatch,
     ) -> usize {
         let mut marked = 0;
         for slot in &*self.slots {
-            let mut slot = slot.lock(irql);
-            if let SlotState::Reserved(meta) = &mut slot.state {
-                if matches!(meta.kind, EntryKind::Command { .. })
-                    && covers(&meta.address)
-                    && meta.disposition == Disposition::Proceed
-                {
-                    meta.disposition = Disposition::Reset;
-                    marked += 1;
+            let mut seen = slot.state.load(Ordering::Acquire);
+            while phase_of(seen) == phase::RESERVED {
+                let (identity, word) = slot.read_key();
+                let meta = Key::unpack(identity, word, Disposition::Proceed);
+                if !matches!(meta.kind, EntryKind::Command { .. }) || !covers(&meta.address) {
+                    // Not covered — or a later reservation's key, which a
+                    // scan a moment later would have read anyway.
+                    break;
+                }
+                match slot.state.compare_exchange(
+                    seen,
+                    (seen & !phase::MASK) | phase::RESERVED_RESET,
+                    Ordering::AcqRel,
+                    Ordering::Acquire,
+                ) {
+                    Ok(_) => {
+                        marked += 1;
+                        break;
+                    }
+                    Err(now) => seen = now,
                 }
             }
         }
@@ -581,7 +817,7 @@ mod tests {
     fn a_parked_request_comes_out_once() {
         let platform = manual();
         platform.run_passive(|p| {
-            let t: Tracker<Req, HostPlatform> = Tracker::new(4, p);
+            let t: Tracker<Req> = Tracker::new(4, p);
             let tag = t.reserve(meta(7), p).unwrap();
             t.park(tag, Req(7), p).unwrap();
             let (req, m) = t.take(tag, |_| true, p).unwrap();
@@ -597,7 +833,7 @@ mod tests {
     fn a_stale_tag_does_not_reach_the_reused_slot() {
         let platform = manual();
         platform.run_passive(|p| {
-            let t: Tracker<Req, HostPlatform> = Tracker::new(1, p);
+            let t: Tracker<Req> = Tracker::new(1, p);
             let old = t.reserve(meta(1), p).unwrap();
             t.park(old, Req(1), p).unwrap();
             assert!(t.take(old, |_| true, p).is_some());
@@ -610,11 +846,186 @@ mod tests {
         platform.finish();
     }
 
+    /// Every transition checks the whole state word, generation included:
+    /// a tag from the slot's previous use moves nothing, whatever phase the
+    /// reused slot is in. Fails if any transition compares the phase only.
+    #[test]
+    fn every_transition_checks_the_generation() {
+        let platform = manual();
+        platform.run_passive(|p| {
+            let t: Tracker<Req> = Tracker::new(1, p);
+            let old = t.reserve(meta(1), p).unwrap();
+            assert_eq!(t.release(old, p), Some(Disposition::Proceed));
+            // Reused, reserved: the old tag may not park, release or claim it.
+            let new = t.reserve(meta(1), p).unwrap();
+            assert!(matches!(
+                t.park(old, Req(1), p),
+                Err(ParkRefused::NotReserved(Req(1)))
+            ));
+            assert_eq!(t.release(old, p), None);
+            assert_eq!(
+                t.claim_victim(old, SrbIdentity(1), p),
+                VictimState::NotFound
+            );
+            // Reused, parked: the old tag may not take, unpark or claim it.
+            t.park(new, Req(2), p).unwrap();
+            assert!(t.take(old, |_| true, p).is_none());
+            assert!(t.unpark(old, p).is_none());
+            assert_eq!(
+                t.claim_victim(old, SrbIdentity(1), p),
+                VictimState::NotFound
+            );
+            assert_eq!(t.take(new, |_| true, p).map(|x| x.0), Some(Req(2)));
+            // A tag naming a slot past the table is refused too.
+            let beyond = Tag(5);
+            assert!(t.take(beyond, |_| true, p).is_none());
+            assert!(matches!(
+                t.park(beyond, Req(3), p),
+                Err(ParkRefused::NotReserved(Req(3)))
+            ));
+        });
+        platform.finish();
+    }
+
+    /// The key keeps every field of [`Meta`] (the disposition lives in the
+    /// phase).
+    #[test]
+    fn meta_survives_the_key() {
+        let metas = [
+            Meta {
+                kind: EntryKind::Command {
+                    requested: u32::MAX,
+                    has_sg: true,
+                },
+                address: Address::new(255, 254, 253),
+                identity: SrbIdentity(u64::MAX),
+                disposition: Disposition::Proceed,
+            },
+            Meta {
+                kind: EntryKind::Command {
+                    requested: 0,
+                    has_sg: false,
+                },
+                address: Address::new(0, 0, 0),
+                identity: SrbIdentity(0),
+                disposition: Disposition::Proceed,
+            },
+            Meta {
+                kind: EntryKind::Tmf(TmfKind::AbortTask),
+                address: Address::new(1, 2, 3),
+                identity: SrbIdentity(42),
+                disposition: Disposition::Proceed,
+            },
+            Meta {
+                kind: EntryKind::Tmf(TmfKind::LunReset),
+                address: Address::new(3, 2, 1),
+                identity: SrbIdentity(1 << 63),
+                disposition: Disposition::Proceed,
+            },
+        ];
+        for m in metas {
+            let (identity, word) = Key::pack(&m);
+            assert_eq!(Key::unpack(identity, word, Disposition::Proceed), m);
+        }
+    }
+
+    /// Completions race aborts and resets on real threads: every request
+    /// either parks and comes out exactly once, by its completion, or is
+    /// claimed first, refused at park with the claim's disposition and
+    /// released; the table ends empty. `TRACKER_STRESS_ROUNDS` per thread
+    /// (default 20,000).
+    #[test]
+    fn completions_race_aborts_and_resets() {
+        use std::sync::Arc;
+        use std::sync::atomic::AtomicUsize;
+        let rounds: u64 = std::env::var("TRACKER_STRESS_ROUNDS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(20_000);
+        let platform = manual();
+        let t: Arc<Tracker<Req>> = Arc::new(platform.run_passive(|p| Tracker::new(4, p)));
+        // The latest (identity << 32 | tag) each owner handed out.
+        let latest: Arc<Vec<AtomicU64>> = Arc::new((0..2).map(|_| AtomicU64::new(0)).collect());
+        let refused = Arc::new(AtomicUsize::new(0));
+        let owners: Vec<_> = (0..2u64)
+            .map(|o| {
+                let (t, latest, refused) =
+                    (Arc::clone(&t), Arc::clone(&latest), Arc::clone(&refused));
+                let platform = platform.clone();
+                std::thread::spawn(move || {
+                    platform.run_passive(|p| {
+                        for i in 0..rounds {
+                            let id = 1 + o * rounds + i;
+                            let tag = t.reserve(meta(id), p).unwrap();
+                            latest[o as usize]
+                                .store(id << 32 | u64::from(tag.raw()), Ordering::Release);
+                            if i % 4 == 0 {
+                                // Widen the window a claim can land in.
+                                std::thread::yield_now();
+                            }
+                            match t.park(tag, Req(id), p) {
+                                Ok(()) => {
+                                    let (req, m) = t.take(tag, |_| true, p).unwrap();
+                                    assert_eq!((req, m.identity), (Req(id), SrbIdentity(id)));
+                                    assert_eq!(m.disposition, Disposition::Proceed);
+                                    assert!(t.take(tag, |_| true, p).is_none(), "twice");
+                                }
+                                Err(ParkRefused::Disposed(req, d)) => {
+                                    assert_eq!(req, Req(id));
+                                    assert_ne!(d, Disposition::Proceed);
+                                    assert_eq!(t.release(tag, p), Some(d));
+                                    refused.fetch_add(1, Ordering::Relaxed);
+                                }
+                                Err(ParkRefused::NotReserved(_)) => panic!("own tag refused"),
+                            }
+                        }
+                    });
+                })
+            })
+            .collect();
+        let claimer = {
+            let (t, latest) = (Arc::clone(&t), Arc::clone(&latest));
+            let platform = platform.clone();
+            std::thread::spawn(move || {
+                platform.run_passive(|p| {
+                    // Claims of distinct requests (a reserved request
+                    // claimed again is reported again).
+                    let mut marked = 0;
+                    let mut reported = [0u64; 2];
+                    for i in 0..rounds {
+                        let owner = (i % 2) as usize;
+                        let word = latest[owner].load(Ordering::Acquire);
+                        let tag = Tag(word as u32);
+                        if i % 8 == 0 {
+                            marked += t.mark_reserved_reset(|_| true, p);
+                        } else if t.claim_victim(tag, SrbIdentity(word >> 32), p)
+                            == VictimState::MarkedAborted
+                            && reported[owner] != word
+                        {
+                            reported[owner] = word;
+                            marked += 1;
+                        }
+                    }
+                    marked
+                })
+            })
+        };
+        for h in owners {
+            h.join().unwrap();
+        }
+        let marked = claimer.join().unwrap();
+        platform.run_passive(|p| assert_eq!(t.in_use(p), 0));
+        // Each claim refuses one park (a reset may also have marked a
+        // request the abort then reports).
+        assert!(refused.load(Ordering::Relaxed) <= marked);
+        platform.finish();
+    }
+
     #[test]
     fn full_table_refuses_and_release_returns_the_slot() {
         let platform = manual();
         platform.run_passive(|p| {
-            let t: Tracker<Req, HostPlatform> = Tracker::new(2, p);
+            let t: Tracker<Req> = Tracker::new(2, p);
             let a = t.reserve(meta(1), p).unwrap();
             let _b = t.reserve(meta(2), p).unwrap();
             assert!(t.reserve(meta(3), p).is_none());
@@ -629,7 +1040,7 @@ mod tests {
     fn abort_and_reset_claim_reserved_requests() {
         let platform = manual();
         platform.run_passive(|p| {
-            let t: Tracker<Req, HostPlatform> = Tracker::new(4, p);
+            let t: Tracker<Req> = Tracker::new(4, p);
             let a = t.reserve(meta(1), p).unwrap();
             let b = t.reserve(meta(2), p).unwrap();
             let c = t.reserve(meta(3), p).unwrap();
@@ -666,7 +1077,7 @@ mod tests {
     fn take_filters_by_kind() {
         let platform = manual();
         platform.run_passive(|p| {
-            let t: Tracker<Req, HostPlatform> = Tracker::new(2, p);
+            let t: Tracker<Req> = Tracker::new(2, p);
             let mut m = meta(1);
             m.kind = EntryKind::Tmf(TmfKind::LunReset);
             let tag = t.reserve(m, p).unwrap();
@@ -678,5 +1089,115 @@ mod tests {
             assert!(t.take(tag, |k| matches!(k, EntryKind::Tmf(_)), p).is_some());
         });
         platform.finish();
+    }
+}
+
+/// `loom` models of the slot transitions: a completion racing an
+/// ABORT_COMMAND's claim, and a reset scan racing a slot's reuse (the
+/// key read a later reservation may have overwritten).
+///
+/// Run with `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=3 cargo test -p
+/// storport-srp --lib --release loom` (see `.ci/steps/51-loom-kverbs.sh`).
+#[cfg(all(test, loom))]
+mod loom_tests {
+    // UNSAFETY: mints passive tokens for model threads, which stand for
+    // passive-level system threads.
+    #![expect(unsafe_code, reason = "token minting for model threads")]
+
+    use super::*;
+    use kverbs::platform::loom::LoomPlatform;
+    use loom::sync::Arc;
+    use loom::thread;
+
+    fn passive() -> Passive<'static> {
+        // SAFETY: model threads stand for passive-level threads.
+        unsafe { Passive::assume::<LoomPlatform>() }
+    }
+
+    fn meta(id: u64, lun: u8) -> Meta {
+        Meta {
+            kind: EntryKind::Command {
+                requested: 512,
+                has_sg: true,
+            },
+            address: Address::new(0, 0, lun),
+            identity: SrbIdentity(id),
+            disposition: Disposition::Proceed,
+        }
+    }
+
+    #[derive(Debug, PartialEq, Eq)]
+    struct Req(u64);
+
+    /// The owner parks and its completion takes, while an abort claims
+    /// the same request: either the claim finds it reserved and the park
+    /// is refused with `Aborted`, or the claim finds it posted (or gone)
+    /// and the completion takes it — exactly once either way.
+    #[test]
+    fn loom_complete_races_abort_claim() {
+        loom::model(|| {
+            let p = passive();
+            let t = Arc::new(Tracker::<Req>::new(1, &p));
+            let tag = t.reserve(meta(1, 0), &p).unwrap();
+            let claimer = {
+                let t = Arc::clone(&t);
+                thread::spawn(move || t.claim_victim(tag, SrbIdentity(1), &passive()))
+            };
+            let refused = match t.park(tag, Req(1), &p) {
+                Ok(()) => {
+                    let (req, m) = t.take(tag, |_| true, &p).unwrap();
+                    assert_eq!((req, m.identity), (Req(1), SrbIdentity(1)));
+                    assert!(t.take(tag, |_| true, &p).is_none());
+                    false
+                }
+                Err(ParkRefused::Disposed(Req(1), Disposition::Aborted)) => {
+                    assert_eq!(t.release(tag, &p), Some(Disposition::Aborted));
+                    true
+                }
+                Err(other) => panic!("{other:?}"),
+            };
+            let claim = claimer.join().unwrap();
+            assert_eq!(claim == VictimState::MarkedAborted, refused, "{claim:?}");
+            assert_eq!(t.in_use(&p), 0);
+        });
+    }
+
+    /// A reset scan for LUN 0 races the owner finishing a LUN 0 request
+    /// and reusing its slot for a LUN 1 request. The scan may read the
+    /// second request's key against the first one's state word; it must
+    /// never mark the LUN 1 request, and a mark it counts refuses exactly
+    /// the LUN 0 park. Fails if a claim compares the phase without the
+    /// generation, or reads the key without validating it.
+    #[test]
+    fn loom_reset_scan_races_slot_reuse() {
+        loom::model(|| {
+            let p = passive();
+            let t = Arc::new(Tracker::<Req>::new(1, &p));
+            let first = t.reserve(meta(1, 0), &p).unwrap();
+            let scanner = {
+                let t = Arc::clone(&t);
+                thread::spawn(move || t.mark_reserved_reset(|a| a.lun == 0, &passive()))
+            };
+            let first_refused = match t.park(first, Req(1), &p) {
+                Ok(()) => {
+                    assert_eq!(t.take(first, |_| true, &p).map(|x| x.0), Some(Req(1)));
+                    false
+                }
+                Err(ParkRefused::Disposed(Req(1), Disposition::Reset)) => {
+                    assert_eq!(t.release(first, &p), Some(Disposition::Reset));
+                    true
+                }
+                Err(other) => panic!("{other:?}"),
+            };
+            let second = t.reserve(meta(2, 1), &p).unwrap();
+            assert_ne!(first, second);
+            t.park(second, Req(2), &p).unwrap();
+            let (req, m) = t.take(second, |_| true, &p).unwrap();
+            assert_eq!((req, m.address.lun), (Req(2), 1));
+            let marked = scanner.join().unwrap();
+            assert_eq!(marked == 1, first_refused);
+            assert!(marked <= 1);
+            assert_eq!(t.in_use(&p), 0);
+        });
     }
 }
