@@ -258,7 +258,13 @@ impl DrainLoop {
     /// `DISPATCH_LEVEL`.
     // Inline: into the DPC routine it saves a call and the spill of its
     // six arguments on every drain round (every completion round at QD 1).
-    #[inline]
+    // `always`, like the whole per-round chain (`deliver`, `CqCore::poll`,
+    // `CqDeliver::on_batch`, `CqCore::arm`): under the plain hint the
+    // inliner's size budget split the chain into calls as soon as one link
+    // grew (the arm's inlined doorbell write pushed out `run`, then
+    // `deliver`, then `poll` and `on_batch`), some 30 instructions per
+    // round each. One instance per CQ type: one DPC routine's worth of code.
+    #[inline(always)]
     pub fn run<S, H>(
         &self,
         source: &S,
@@ -356,8 +362,8 @@ impl DrainLoop {
 /// Polls one batch and hands each completion to the handler.
 ///
 /// Inline into [`DrainLoop::run`]: it runs once per poll, a per-round cost
-/// (at QD 1 every poll is a round of its own).
-#[inline]
+/// (at QD 1 every poll is a round of its own); `always`, see `run`.
+#[inline(always)]
 fn deliver<S, H>(
     source: &S,
     handler: &H,

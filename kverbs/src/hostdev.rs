@@ -4,10 +4,14 @@
 //! `hca_lowlevel::sim::SoftHca` — so the verifier can tell the driver from
 //! the device model:
 //!
-//! * every doorbell register runs inside [`host::as_device`]: a stepped
+//! * every doorbell write runs inside [`host::as_device`]: a stepped
 //!   HCA executing posted work inline in the doorbell write (on a DPC
 //!   thread, at `DISPATCH_LEVEL`) allocates and locks as silicon would,
-//!   not as the driver;
+//!   not as the driver. kverbs rings every doorbell through
+//!   [`Platform::write_doorbell`](crate::platform::Platform::write_doorbell),
+//!   which on the host enters that scope, so the registers are handed on
+//!   unwrapped: a wrapper register cost a second indirect call and a frame
+//!   per ring — once per DPC round for the arm doorbell;
 //! * every event handler kverbs gives the device runs inside
 //!   [`host::as_driver`]: the driver's own code in a completion or
 //!   asynchronous event is checked in full, even inside a doorbell write;
@@ -22,7 +26,6 @@ use hca_lowlevel::device::{
     HcaError, MrKeys, MrRegistration, Pdn, PortAttr, QpAttr, QpAttrMask, QpInit, QpResources,
 };
 use hca_lowlevel::dma::{DmaAllocator, DmaBuffer};
-use hca_lowlevel::doorbell::DoorbellRegister;
 use hca_lowlevel::ring::CqRing;
 
 use crate::platform::host;
@@ -37,14 +40,6 @@ impl VerifiedHca {
     /// Wraps `inner`.
     pub fn new(inner: Arc<dyn HcaDevice>) -> Arc<Self> {
         Arc::new(VerifiedHca { inner })
-    }
-}
-
-struct DeviceDoorbell(Arc<dyn DoorbellRegister>);
-
-impl DoorbellRegister for DeviceDoorbell {
-    fn write64(&self, value: u64) {
-        host::as_device(|| self.0.write64(value));
     }
 }
 
@@ -105,11 +100,7 @@ impl HcaDevice for VerifiedHca {
         handler: Arc<dyn CqEventHandler>,
     ) -> Result<CqResources, HcaError> {
         let handler: Arc<dyn CqEventHandler> = Arc::new(DriverCqEvents(handler));
-        let res = firmware(|| self.inner.create_cq(entries, handler))?;
-        Ok(CqResources {
-            arm_doorbell: Arc::new(DeviceDoorbell(res.arm_doorbell)),
-            ..res
-        })
+        firmware(|| self.inner.create_cq(entries, handler))
     }
 
     fn resize_cq(&self, cqn: u32, entries: u32) -> Result<CqRing<DmaBuffer>, HcaError> {
@@ -121,11 +112,7 @@ impl HcaDevice for VerifiedHca {
     }
 
     fn create_qp(&self, init: &QpInit) -> Result<QpResources, HcaError> {
-        let res = firmware(|| self.inner.create_qp(init))?;
-        Ok(QpResources {
-            sq_doorbell: Arc::new(DeviceDoorbell(res.sq_doorbell)),
-            ..res
-        })
+        firmware(|| self.inner.create_qp(init))
     }
 
     fn modify_qp(&self, qpn: u32, attr: &QpAttr, mask: QpAttrMask) -> Result<(), HcaError> {

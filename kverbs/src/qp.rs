@@ -1494,7 +1494,7 @@ impl<'q, P: Platform, C: Send + 'static> SendBatch<'q, P, C> {
         }
         self.qp.dbr.set_sq_head(self.pi as u16);
         barrier::mmio_wc_start();
-        self.guard.doorbell.write64(self.last_ctrl);
+        P::write_doorbell(&*self.guard.doorbell, self.last_ctrl);
         barrier::mmio_flush_writes();
         self.guard.pi = self.pi;
         self.committed = true;

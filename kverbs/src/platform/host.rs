@@ -63,6 +63,8 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
+use hca_lowlevel::doorbell::DoorbellRegister;
+
 use crate::irql::{Dispatch, Irql, LeDispatch, Passive};
 use crate::platform::{
     AllocError, DpcRoutine, DpcTarget, EventKind, Platform, RandomUnavailable, RawDpc, RawEvent,
@@ -124,7 +126,8 @@ pub enum ViolationKind {
         to: Irql,
     },
     /// `KeRaiseIrql`/`KeAcquireSpinLock` called above `DISPATCH_LEVEL`, or an
-    /// `AtDpcLevel` acquisition below it.
+    /// `AtDpcLevel` acquisition (or a raise-free
+    /// [`Platform::enter_at_dispatch`]) below it.
     WrongIrqlForLock {
         /// The level at the call.
         at: Irql,
@@ -313,9 +316,10 @@ fn check_may_allocate(size: usize) {
 /// A software HCA executes posted work inside the doorbell write when it
 /// runs inline, on whatever thread rang it (possibly at `DISPATCH_LEVEL`
 /// in a DPC); its allocations and locks stand for silicon, not for the
-/// driver. kverbs' host adapter for the software HCA
-/// ([`crate::hostdev`]) wraps every doorbell register in this scope and
-/// every driver handler the device calls back in [`as_driver`], so the
+/// driver. kverbs rings every doorbell in this scope
+/// ([`Platform::write_doorbell`]), and its host adapter for the software HCA
+/// ([`crate::hostdev`]) wraps every driver handler the device calls back in
+/// [`as_driver`], so the
 /// driver's own code stays fully checked even when it runs inside a
 /// doorbell write.
 ///
@@ -1622,6 +1626,21 @@ unsafe impl Platform for HostPlatform {
     #[inline]
     unsafe fn raise_to_dispatch() -> Irql {
         raise_to_dispatch_raw()
+    }
+
+    #[inline]
+    fn write_doorbell(register: &dyn DoorbellRegister, value: u64) {
+        as_device(|| register.write64(value));
+    }
+
+    #[inline]
+    fn enter_at_dispatch() {
+        let _ = with_thread(|t| {
+            let at = t.irql.get();
+            if at != Irql::DISPATCH.raw() {
+                record_wrong_irql_for_lock(at);
+            }
+        });
     }
 
     #[inline]

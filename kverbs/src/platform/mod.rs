@@ -49,6 +49,8 @@ use core::fmt;
 use core::ptr::NonNull;
 use core::time::Duration;
 
+use hca_lowlevel::doorbell::DoorbellRegister;
+
 use crate::irql::{Dispatch, Irql, LeDispatch, Passive};
 
 #[cfg(all(feature = "host", not(loom)))]
@@ -206,6 +208,41 @@ pub unsafe trait Platform: Clone + Send + Sync + 'static {
     ///
     /// <= `DISPATCH_LEVEL`.
     unsafe fn raise_to_dispatch() -> Irql;
+
+    /// Notes that a caller holding a [`Dispatch`] token runs `DISPATCH_LEVEL`
+    /// code without raising ([`crate::sync::with_dispatch`] on a `Dispatch`
+    /// token): the raise-free analogue of [`Platform::raise_to_dispatch`],
+    /// as `KeAcquireSpinLockAtDpcLevel` is of `KeAcquireSpinLock`.
+    ///
+    /// Nothing to do on hardware (the token is the proof); the host verifier
+    /// checks the level here, as it does for an `AtDpcLevel` lock
+    /// acquisition.
+    ///
+    /// # IRQL
+    ///
+    /// `DISPATCH_LEVEL` only (that is what the host checks).
+    #[inline]
+    fn enter_at_dispatch() {}
+
+    /// Writes `value` to a device doorbell register (the MMIO store to a UAR
+    /// page). kverbs rings every doorbell through here.
+    ///
+    /// On hardware this is the register write and nothing else. The host
+    /// runs it as the device (`host::as_device`): a stepped software HCA
+    /// executes posted work inline in the write — allocating and locking as
+    /// silicon would — and that is not the driver's doing. Entering the
+    /// scope here, in the ringing function's own frame, costs the host one
+    /// thread-local flag either side of the one indirect call; a wrapper
+    /// register around the device's (the former `hostdev::DeviceDoorbell`)
+    /// cost a second indirect call and a frame, per ring.
+    ///
+    /// # IRQL
+    ///
+    /// <= `DISPATCH_LEVEL`.
+    #[inline]
+    fn write_doorbell(register: &dyn DoorbellRegister, value: u64) {
+        register.write64(value);
+    }
 
     /// Lowers the IRQL back to `old` (`KeLowerIrql`).
     ///
