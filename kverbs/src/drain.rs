@@ -395,7 +395,7 @@ where
 /// # The DPC routine and the drainer's lifetime
 ///
 /// The routine holds a strong reference to the drain state (the loop, the
-/// source, the handler: [`DrainCore`]) and a weak one to the drainer,
+/// source, the handler: `DrainCore`) and a weak one to the drainer,
 /// which it does not upgrade on every run (a compare-exchange and a
 /// release per round): the drainer owns the DPC, the DPC's routine keeps
 /// the state alive, and nothing owns the drainer back. When the last owner

@@ -19,7 +19,7 @@ use core::mem::MaybeUninit;
 use super::POLL_BATCH;
 
 /// What one poll fills: up to [`POLL_BATCH`] completions, taken out in
-/// the order they were put in (see the [module docs](self)).
+/// the order they were put in (see the `drain::batch` module docs).
 ///
 /// # Invariants
 ///

@@ -142,7 +142,7 @@ pub struct IserStats {
     pub login_failures: u64,
     /// Connections of live sessions that failed.
     pub transport_failures: u64,
-    /// Why the engine last ended a connection (see [`Why`] codes: `1`
+    /// Why the engine last ended a connection (see `Why` codes: `1`
     /// work completion error, `2` QP event, `3` peer disconnect, `4`
     /// protocol, `5` bogus remote invalidation, `6` session failure, `7`
     /// post failure, `8` reset, `9` stop, `10` logged out), or why an
