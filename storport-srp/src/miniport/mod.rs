@@ -56,7 +56,7 @@
 //! and queue a DPC, nothing else.
 
 // Safe code throughout, except the tracker's per-slot request hand-off
-// (`tracker::Slot`) and `at_dispatch`'s token, which state their own.
+// (`tracker::Slot`), which states its own.
 #![deny(unsafe_code)]
 
 pub mod status;
@@ -68,8 +68,8 @@ use alloc::sync::Arc;
 use alloc::vec::Vec;
 use core::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
 
-use kverbs::irql::{AnyIrql, Dispatch, Irql, LeDispatch, Passive};
-use kverbs::platform::{AllocError, Platform};
+use kverbs::irql::{AnyIrql, Dispatch, LeDispatch, Passive};
+use kverbs::platform::AllocError;
 use kverbs::rundown::Rundown;
 use kverbs::sync::{PassiveMutex, with_dispatch};
 use kverbs::worker::{CompleteAt, Outcome, RequestQueue, WorkHandler, Worker};
@@ -430,7 +430,7 @@ impl<S: StorPort> Core<S> {
     }
 
     fn put_sg(&self, srb: &mut S::Srb, irql: &impl LeDispatch) {
-        at_dispatch::<S::Platform, _, _>(irql, |d| self.port.put_scatter_gather_list(srb, d));
+        with_dispatch::<S::Platform, _, _>(irql, |d| self.port.put_scatter_gather_list(srb, d));
     }
 
     // -- holds --------------------------------------------------------------
@@ -551,29 +551,6 @@ impl<S: StorPort> Core<S> {
 
     fn gate_open(&self) {
         self.gate.fetch_sub(GATE_CLOSER, Ordering::AcqRel);
-    }
-}
-
-/// Runs `f` at `DISPATCH_LEVEL`: directly when the caller's token already
-/// proves that level (StorPort calls `HwStartIo` there, and every upcall
-/// is at `DISPATCH_LEVEL`), else inside a raise ([`with_dispatch`]) — a
-/// raise and lower per call that the common case does not need.
-///
-/// # IRQL
-/// <= `DISPATCH_LEVEL`; `f` runs at `DISPATCH_LEVEL`.
-fn at_dispatch<P: Platform, I: LeDispatch, R>(
-    irql: &I,
-    f: impl for<'t> FnOnce(&Dispatch<'t>) -> R,
-) -> R {
-    if I::IRQL == Irql::DISPATCH {
-        #[expect(unsafe_code, reason = "re-minting the token the caller holds")]
-        // SAFETY: `LeDispatch` is sealed and only `Dispatch` has this level,
-        // so the caller holds a `Dispatch` token: the processor is at
-        // `DISPATCH_LEVEL` for at least this borrow, which outlives `f`.
-        let token = unsafe { Dispatch::assume::<P>() };
-        f(&token)
-    } else {
-        with_dispatch::<P, _, _>(irql, f)
     }
 }
 
@@ -894,7 +871,7 @@ impl<S: StorPort, T: Transport> Adapter<S, T> {
             );
         }
         if has_sg {
-            at_dispatch::<S::Platform, _, _>(irql, |d| {
+            with_dispatch::<S::Platform, _, _>(irql, |d| {
                 if let Err(refused) = core.port.get_scatter_gather_list(srb, d) {
                     // No map registers now: not started, so BUSY.
                     let busy = SrbStatus::BUSY;
@@ -1338,7 +1315,7 @@ impl<S: StorPort, T: Transport> HwMiniport<S> for Adapter<S, T> {
             }
             SrbFunction::ResetBus => {
                 let path = srb.address().path;
-                let ok = at_dispatch::<S::Platform, _, _>(irql, |d| self.reset_bus_now(path, d));
+                let ok = with_dispatch::<S::Platform, _, _>(irql, |d| self.reset_bus_now(path, d));
                 let status = if ok {
                     SrbStatus::SUCCESS
                 } else {
