@@ -15,15 +15,15 @@
 //! * **A — `wdk-sys`** (feature `wdk`, Windows with a WDK installed): the
 //!   names are re-exported from `wdk-sys`, whose bindings come from the
 //!   WDK's own headers (real layouts). Never built on Linux.
-//! * **B — mingw-w64** (default): [`mingw`], bindgen's committed output over
+//! * **B — mingw-w64** (default): `mingw`, bindgen's committed output over
 //!   Debian's `mingw-w64-x86-64-dev` `ntddk.h` (`kv-sys bindings --check`
 //!   proves it current), with layout assertions.
 //!
-//! Both sources share [`ext`] (what the headers do not declare: opaque
+//! Both sources share `ext` (what the headers do not declare: opaque
 //! kernel objects, `ExAllocatePool2`, the exported IRQL routines) and
-//! [`inline`] (what the headers implement inline: `KeGetCurrentIrql`,
+//! `inline` (what the headers implement inline: `KeGetCurrentIrql`,
 //! `ExInitializeFastMutex`, `InitializeObjectAttributes`). Users import
-//! only the names [`facade!`] lists, so both sources must provide each
+//! only the names `facade!` lists, so both sources must provide each
 //! under the same path. Kernel routines are linked through import
 //! libraries (`kv-sys` makes them from the committed export allowlists; on
 //! Windows, the WDK's), so no binding carries a `#[link]`.

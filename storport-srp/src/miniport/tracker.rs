@@ -40,7 +40,7 @@
 //! (plus the free stack's two), where they were three spin lock
 //! acquisitions.
 //!
-//! The free slots are a lock-free stack ([`FreeStack`]) beside the slots,
+//! The free slots are a lock-free stack (`FreeStack`) beside the slots,
 //! popped before the slot is reserved and pushed after it is freed. A slot
 //! index is in the stack only while its slot is `Free`, and only its
 //! single owner moves it in or out, so the stack never hands one index out

@@ -1,7 +1,7 @@
 //! The misbehaviour switches: what a test can make the target do wrong,
 //! each reproducible (the random ones draw from a seeded generator).
 //!
-//! Switches come in two kinds. *Armed* ones wait in [`Armed`] until the
+//! Switches come in two kinds. *Armed* ones wait in `Armed` until the
 //! event they act on comes along (a login, a response, a command) and are
 //! consumed by whichever channel meets it first. *One-shot* requests
 //! (send a `SRP_CRED_REQ`, an `SRP_AER_REQ`, an `SRP_T_LOGOUT`) go straight

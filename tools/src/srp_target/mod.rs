@@ -11,12 +11,12 @@
 //!
 //! * A control thread takes login requests (the CM hands them over at
 //!   `DISPATCH_LEVEL`; creating a channel's objects needs
-//!   `PASSIVE_LEVEL`), runs `ib_srpt`'s checks ([`login`]), creates the
+//!   `PASSIVE_LEVEL`), runs `ib_srpt`'s checks (`login`), creates the
 //!   channel and accepts or rejects, and joins channels that finished.
-//! * One thread per channel ([`channel`]) serves its IUs at
+//! * One thread per channel (`channel`) serves its IUs at
 //!   `PASSIVE_LEVEL`: the CQ, QP and CM callbacks leave notes in its
 //!   mailbox and wake it — except for the commands the channel's DPC lane
-//!   ([`lane`]) serves in the CQ's DPC (reads of up to 64 KiB,
+//!   (`lane`) serves in the CQ's DPC (reads of up to 64 KiB,
 //!   immediate-data writes, no-data commands: no thread wake per I/O;
 //!   `SrpTargetConfig::serve_in_dpc`, counted in `ius_served_in_dpc`).
 //!
