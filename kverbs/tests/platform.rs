@@ -74,6 +74,83 @@ fn a_dpc_is_queued_at_most_once_and_can_be_cancelled() {
     platform.finish();
 }
 
+/// A DPC queued while its processor's thread is going back to sleep still
+/// runs: the queue wakes its thread only when it sleeps, so a push racing
+/// the "queue empty, going to sleep" step must not be lost. Each round
+/// queues the DPC again the moment the previous run signals, which is
+/// exactly when the DPC thread finds its queue empty.
+#[test]
+fn a_dpc_queued_as_its_thread_goes_to_sleep_is_not_lost() {
+    let rounds = support::env_count("KVERBS_DPC_HANDOFF_ROUNDS", 20_000);
+    let platform = support::threaded();
+    platform.run_passive(|p| {
+        let runs = Arc::new(AtomicUsize::new(0));
+        let done = Arc::new(HostEvent::new(EventKind::Synchronization, false));
+        let (r, dn) = (Arc::clone(&runs), Arc::clone(&done));
+        let dpc = platform
+            .new_dpc(
+                Box::new(move |d| {
+                    r.fetch_add(1, Ordering::Relaxed);
+                    dn.set(d);
+                }),
+                DpcTarget::Processor(0),
+                p,
+            )
+            .unwrap();
+        for round in 0..rounds {
+            assert!(dpc.queue(), "round {round}: the DPC was still queued");
+            assert!(
+                done.wait_timeout(Duration::from_secs(10), p),
+                "round {round}: the queued DPC never ran (lost wake-up)"
+            );
+        }
+        assert_eq!(runs.load(Ordering::Relaxed), rounds);
+    });
+    platform.finish();
+}
+
+/// Two work items queued back to back run at the same time on the two
+/// worker threads: the second push wakes the second sleeping worker even
+/// though the first push already woke one. The first item waits for the
+/// second, so it would hang if only one worker were woken.
+#[test]
+fn back_to_back_work_items_wake_both_workers() {
+    let platform = support::threaded();
+    platform.run_passive(|p| {
+        for round in 0..200 {
+            let second_ran = Arc::new(HostEvent::new(EventKind::Notification, false));
+            let both = Arc::new(HostEvent::new(EventKind::Notification, false));
+            let (s1, b1) = (Arc::clone(&second_ran), Arc::clone(&both));
+            let first = platform
+                .new_work_item(
+                    Box::new(move |p| {
+                        if s1.wait_timeout(Duration::from_secs(10), p) {
+                            b1.set(p);
+                        }
+                    }),
+                    p,
+                )
+                .unwrap();
+            let s2 = Arc::clone(&second_ran);
+            let second = platform
+                .new_work_item(Box::new(move |p| s2.set(p)), p)
+                .unwrap();
+            // Let both workers go to sleep first.
+            assert!(platform.quiesce(Duration::from_secs(10)));
+            platform.run_at_dispatch(|d| {
+                assert!(first.queue(d));
+                assert!(second.queue(d));
+            });
+            assert!(
+                both.wait_timeout(Duration::from_secs(20), p),
+                "round {round}: the second work item did not run beside the first"
+            );
+            assert!(platform.quiesce(Duration::from_secs(10)));
+        }
+    });
+    platform.finish();
+}
+
 #[test]
 fn work_items_run_at_passive_on_worker_threads() {
     let platform = support::threaded();
