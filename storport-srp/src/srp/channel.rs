@@ -356,6 +356,35 @@ impl<P: Platform> CmdSlot<P> {
         self.plan.runs
     }
 
+    /// The command's fixed parts under wire tag `tag`, its first `runs`
+    /// descriptors and the scratch buffer the general emitters write
+    /// into: disjoint borrows of the slot, so one `CommandHeader` literal
+    /// serves both general forms (the short forms need no header).
+    fn command_parts(
+        &mut self,
+        tag: u64,
+        runs: usize,
+    ) -> (CommandHeader<'_>, &[DirectDesc], &mut [u8]) {
+        let CmdSlot {
+            lun,
+            cdb,
+            cdb_len,
+            task_attr,
+            direction,
+            descs,
+            scratch,
+            ..
+        } = self;
+        let header = CommandHeader {
+            tag,
+            lun: *lun,
+            task_attr: *task_attr,
+            cdb: cdb.get(..*cdb_len).unwrap_or(&[]),
+            direction: *direction,
+        };
+        (header, descs.get(..runs).unwrap_or(&[]), scratch)
+    }
+
     /// Drops the MRs back into their pool, the spare too. Only the
     /// plan's first `runs` entries ever hold one, and entry 0 (the spare)
     /// beyond them (`setup_slot` takes one per run after setting the
@@ -828,14 +857,8 @@ impl<P: Platform> Engine<P> {
                 let data = cmd::ShortData::ImmediateExternal { offset: imm, len };
                 cmd::emit_short(tag, s.lun, s.task_attr, cdb, data, &mut short_iu)
             } else {
-                let header = CommandHeader {
-                    tag,
-                    lun: s.lun,
-                    task_attr: s.task_attr,
-                    cdb,
-                    direction: s.direction,
-                };
-                iu::emit_immediate_header(&header, imm, len, &mut s.scratch)
+                let (header, _, scratch) = s.command_parts(tag, 0);
+                iu::emit_immediate_header(&header, imm, len, scratch)
             }
             .map_err(|_| Refusal::Failed(FailureKind::Unsupported))?;
             let head = if short {
@@ -1103,15 +1126,10 @@ impl<P: Platform> Engine<P> {
             let len = match short {
                 Some(data) => cmd::emit_short(tag, s.lun, s.task_attr, cdb, data, &mut short_iu),
                 None => {
-                    let header = CommandHeader {
-                        tag,
-                        lun: s.lun,
-                        task_attr: s.task_attr,
-                        cdb,
-                        direction: s.direction,
-                    };
+                    let formats = s.formats;
+                    let (header, descs, scratch) = s.command_parts(tag, n);
                     let iu_va = conn.tx.iova() + offset;
-                    iu::emit_command(&header, descs, s.formats, iu_va, &mut s.scratch)
+                    iu::emit_command(&header, descs, formats, iu_va, scratch)
                 }
             }
             .map_err(|_| (FailureKind::Unsupported, true))?;
