@@ -761,6 +761,15 @@ mod tests {
         assert_eq!(big.len(), MAX_SLOTS);
     }
 
+    /// Rounds per thread of the stress tests: `TRACKER_STRESS_ROUNDS`
+    /// (default 20,000).
+    fn stress_rounds() -> u32 {
+        std::env::var("TRACKER_STRESS_ROUNDS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(20_000)
+    }
+
     /// Threads popping and pushing at once never hold one index together,
     /// and every index comes back. `TRACKER_STRESS_ROUNDS` per thread
     /// (default 20,000).
@@ -768,10 +777,7 @@ mod tests {
     fn free_stack_hands_each_index_to_one_owner_at_a_time() {
         use std::sync::Arc;
         use std::sync::atomic::AtomicBool;
-        let rounds: usize = std::env::var("TRACKER_STRESS_ROUNDS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(20_000);
+        let rounds = stress_rounds() as usize;
         const SLOTS: usize = 8;
         let stack = Arc::new(FreeStack::full(SLOTS));
         let owned: Arc<Vec<AtomicBool>> =
@@ -938,10 +944,7 @@ mod tests {
     fn completions_race_aborts_and_resets() {
         use std::sync::Arc;
         use std::sync::atomic::AtomicUsize;
-        let rounds: u64 = std::env::var("TRACKER_STRESS_ROUNDS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(20_000);
+        let rounds = u64::from(stress_rounds());
         let platform = manual();
         let t: Arc<Tracker<Req>> = Arc::new(platform.run_passive(|p| Tracker::new(4, p)));
         // The latest (identity << 32 | tag) each owner handed out.
