@@ -673,6 +673,19 @@ enum Refusal {
     Failed(FailureKind),
 }
 
+/// The channel a command tries first: its tag's low 16 bits modulo the
+/// `active` channels (at least 1), so commands spread over the channels.
+/// A power-of-two count (one channel, the usual case) takes a mask; only
+/// other counts pay for a division.
+fn first_channel(tag: u32, active: usize) -> usize {
+    let low = (tag & 0xffff) as usize;
+    match active {
+        0 | 1 => 0,
+        n if n.is_power_of_two() => low & (n - 1),
+        n => low % n,
+    }
+}
+
 impl<P: Platform> Engine<P> {
     // -- prepare / post / discard -------------------------------------------
 
@@ -697,10 +710,16 @@ impl<P: Platform> Engine<P> {
             return Err(PrepareError::Failed(FailureKind::Unsupported));
         }
         let active = usize::from(t.active.load(Ordering::Acquire)).clamp(1, t.channels.len());
-        let start = (command.tag.raw() & 0xffff) as usize % active;
+        let mut at = first_channel(command.tag.raw(), active);
         let mut busy = false;
-        for k in 0..active {
-            let Some(ch) = t.channels.get((start + k) % active) else {
+        for _ in 0..active {
+            let this = at;
+            // Compare-and-subtract: `at` stays below `active`.
+            at += 1;
+            if at == active {
+                at = 0;
+            }
+            let Some(ch) = t.channels.get(this) else {
                 continue;
             };
             match self.prepare_on(t, ch, command, irql) {
@@ -2468,6 +2487,21 @@ mod tests {
         assert!(!posted_before(10, 10));
         assert!(posted_before(u32::MAX - 2, 3), "across the wrap");
         assert!(!posted_before(3, u32::MAX - 2));
+    }
+
+    #[test]
+    fn first_channel_is_the_tag_modulo_the_active_channels() {
+        for active in 1..=9usize {
+            for tag in [0u32, 1, 2, 3, 7, 8, 9, 0xffff, 0x1_0005, u32::MAX] {
+                let want = (tag & 0xffff) as usize % active;
+                assert_eq!(first_channel(tag, active), want, "tag {tag:#x} of {active}");
+            }
+        }
+        assert_eq!(
+            first_channel(5, 0),
+            0,
+            "no active channel clamps to the first"
+        );
     }
 
     #[test]
