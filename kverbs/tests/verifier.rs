@@ -220,6 +220,35 @@ fn a_dpc_over_its_budget_is_flagged() {
 }
 
 #[test]
+fn a_dpc_over_its_budget_is_flagged_after_many_short_ones() {
+    // The short DPCs leave the thread a recent CPU baseline and read no
+    // CPU clock; the overrun must still be caught from that baseline.
+    let platform = HostPlatform::with_config(HostConfig {
+        dpc_budget: Duration::from_millis(5),
+        ..HostConfig::default()
+    });
+    let p2 = platform.clone();
+    platform.run_passive(|p| {
+        for _ in 0..200 {
+            platform.run_as_dpc(p, |_d| {});
+        }
+        platform.run_as_dpc(p, move |_d| p2.stall(Duration::from_millis(200)));
+        for _ in 0..200 {
+            platform.run_as_dpc(p, |_d| {});
+        }
+    });
+    let found = kinds(&platform);
+    assert!(
+        matches!(
+            found.as_slice(),
+            [ViolationKind::DpcOverBudget { elapsed_us, budget_us: 5_000 }] if *elapsed_us > 5_000
+        ),
+        "{found:?}"
+    );
+    platform.finish();
+}
+
+#[test]
 fn a_dpc_that_returns_holding_a_lock_is_flagged() {
     let platform = support::threaded();
     let lock: &'static Lock<()> = Box::leak(Box::new(Lock::new(())));
