@@ -158,6 +158,23 @@ impl PhysMemory {
     /// # Errors
     /// [`DmaError::Unmapped`] if any byte of the range is not in one live region.
     pub fn resolve(&self, phys: u64, len: usize) -> Result<(Arc<Region>, usize), DmaError> {
+        self.with_region(phys, len, |region, off| Ok((region.clone(), off)))
+    }
+
+    /// Runs `f` on the live region holding `phys..phys + len` and the
+    /// offset of `phys` in it, under the map's read lock: an access that is
+    /// over when `f` returns borrows the region instead of taking a
+    /// reference to it. `f` must not allocate or free memory of this
+    /// address space (it would wait for the lock it is called under).
+    ///
+    /// # Errors
+    /// [`DmaError::Unmapped`] as [`Self::resolve`], or `f`'s error.
+    fn with_region<R>(
+        &self,
+        phys: u64,
+        len: usize,
+        f: impl FnOnce(&Arc<Region>, usize) -> Result<R, DmaError>,
+    ) -> Result<R, DmaError> {
         let map = self
             .map
             .read()
@@ -168,7 +185,7 @@ impl PhysMemory {
         if end > region.len as u64 || region.is_released() {
             return Err(DmaError::Unmapped);
         }
-        Ok((region.clone(), off as usize))
+        f(region, off as usize)
     }
 
     /// Device read of physical memory.
@@ -179,8 +196,9 @@ impl PhysMemory {
         if out.is_empty() {
             return Ok(());
         }
-        let (r, off) = self.resolve(phys, out.len())?;
-        read_bytes(&r.words, r.len, off, out)
+        self.with_region(phys, out.len(), |r, off| {
+            read_bytes(&r.words, r.len, off, out)
+        })
     }
 
     /// Device write of physical memory.
@@ -191,8 +209,9 @@ impl PhysMemory {
         if data.is_empty() {
             return Ok(());
         }
-        let (r, off) = self.resolve(phys, data.len())?;
-        write_bytes(&r.words, r.len, off, data)
+        self.with_region(phys, data.len(), |r, off| {
+            write_bytes(&r.words, r.len, off, data)
+        })
     }
 
     /// Device write of a payload (bytes, or a copy straight from pinned
@@ -204,13 +223,14 @@ impl PhysMemory {
         if data.len() == 0 {
             return Ok(());
         }
-        let (r, off) = self.resolve(phys, data.len())?;
-        data.write_to(&r.words, r.len, off)
+        self.with_region(phys, data.len(), |r, off| {
+            data.write_to(&r.words, r.len, off)
+        })
     }
 
     /// True if `phys..phys+len` is live memory.
     pub fn is_mapped(&self, phys: u64, len: usize) -> bool {
-        self.resolve(phys, len.max(1)).is_ok()
+        self.with_region(phys, len.max(1), |_, _| Ok(())).is_ok()
     }
 
     /// Bytes currently allocated.

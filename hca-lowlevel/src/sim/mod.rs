@@ -424,6 +424,15 @@ impl Fabric {
         w.capture.as_mut().map(std::mem::take).unwrap_or_default()
     }
 
+    /// Delivers a RoCEv2 frame (ICRC included) to `to` now, as if it had
+    /// just arrived (tests that replay captured frames one by one).
+    #[cfg(test)]
+    pub(crate) fn inject(&self, to: &SoftHca, frame: Vec<u8>) {
+        let mut w = self.shared.lock();
+        w.inject(to.idx, frame);
+        self.shared.unlock(w);
+    }
+
     /// Sets the faults of the link `from → to`.
     pub fn set_link_faults(&self, from: &SoftHca, to: &SoftHca, cfg: FaultConfig) {
         self.shared.lock().set_link_faults(from.idx, to.idx, cfg);

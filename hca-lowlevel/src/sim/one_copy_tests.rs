@@ -199,3 +199,89 @@ fn a_source_freed_while_referenced_places_its_last_bytes() {
     assert_eq!(r.first().map(|c| c.byte_cnt), Some(3000));
     assert_eq!(dst.bytes(0, 3000), data);
 }
+
+/// The later packets of a multi-packet WRITE are placed through the memory
+/// resolved at its first packet ([`super::resources::WriteTarget`]) only
+/// while that still holds: with the MR deregistered, or its memory freed,
+/// between two packets of the message, the rest is refused with a remote
+/// access error and writes nothing; untouched, the whole message lands.
+#[test]
+fn a_write_target_is_not_used_once_its_mr_or_memory_is_gone() {
+    for case in ["intact", "deregistered", "freed"] {
+        let f = Fabric::stepped();
+        let (mut a, mut b) = rc_pair(&f, RcOptions::default()).unwrap();
+        let data = pattern(4096, 4);
+        let src = a.buffer(4096, RW).unwrap();
+        src.mem.write(0, &data).unwrap();
+        let remote = b.buffer(4096, RW).unwrap();
+        remote.mem.write(0, &[0x5A; 4096]).unwrap();
+        // Record the WRITE's four packets (MTU 1024) instead of delivering
+        // them, then hand them to the responder one by one.
+        f.set_capture(true);
+        let lost = FaultConfig {
+            drop: 1.0,
+            ..FaultConfig::default()
+        };
+        f.set_link_faults(&a.hca, &b.hca, lost);
+        let mut w = rdma_wqe(
+            &a.qp,
+            SendOpcode::RdmaWrite,
+            CtrlFlags::CQ_UPDATE,
+            0,
+            remote.iova,
+            remote.keys.rkey,
+            src.sge(0, 4096),
+        );
+        a.qp.post_send(&mut w).unwrap();
+        f.step();
+        let frames: Vec<Vec<u8>> = f.take_captured().into_iter().map(|c| c.bytes).collect();
+        assert_eq!(frames.len(), 4, "{case}");
+        f.set_capture(false);
+        f.set_link_faults(&a.hca, &b.hca, FaultConfig::default());
+        let mut frames = frames.into_iter();
+        for frame in frames.by_ref().take(2) {
+            f.inject(&b.hca, frame);
+        }
+        assert_eq!(remote.bytes(0, 2048), data[..2048], "{case}");
+        let Buffer { mem, keys, .. } = remote;
+        let mem = match case {
+            "deregistered" => {
+                b.hca.dereg_mr(keys.lkey).unwrap();
+                Some(mem)
+            }
+            "freed" => {
+                drop(mem);
+                None
+            }
+            _ => Some(mem),
+        };
+        for frame in frames {
+            f.inject(&b.hca, frame);
+        }
+        f.run_until_idle();
+        let c = a.cq.drain();
+        let state = b.hca.query_qp(b.qp.qpn).unwrap().state;
+        if case == "intact" {
+            no_errors(&c);
+            assert_eq!(c.len(), 1);
+            assert_ne!(state, QpState::Err);
+        } else {
+            assert_eq!(
+                c.first().and_then(CqeRepr::error),
+                Some(Syndrome::RemoteAccess),
+                "{case}"
+            );
+            assert_eq!(state, QpState::Err, "{case}");
+        }
+        if let Some(mem) = mem {
+            let mut got = vec![0u8; 4096];
+            mem.read(0, &mut got).unwrap();
+            let mut want = data.clone();
+            if case != "intact" {
+                want[2048..].fill(0x5A);
+            }
+            assert_eq!(got, want, "{case}");
+        }
+        let _ = &mut b;
+    }
+}

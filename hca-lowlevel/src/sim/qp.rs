@@ -28,7 +28,7 @@ use crate::wqe::{
 use super::link::{roce_udp_src_port, rxe_udp_src_port};
 use super::mem::{DeviceMem, PhysMemory};
 use super::payload::{Payload, Source, pinned, recycle_pinned};
-use super::resources::{Cq, KeyError, Mr, check_key, mr_pin, mr_read, mr_write};
+use super::resources::{Cq, KeyError, Mr, WriteTarget, check_key, mr_pin, mr_read, mr_write};
 use super::world::{Event, Outbox, Route, Shared, SharedPayload};
 
 /// Request packets after which AckReq is set even mid-message (as rxe).
@@ -232,6 +232,9 @@ struct InWrite {
     va: u64,
     remaining: u64,
     total: u32,
+    /// The message's memory, resolved at its first packet (multi-packet
+    /// messages; see [`WriteTarget`]).
+    target: Option<WriteTarget>,
 }
 
 enum RespItem {
@@ -1606,8 +1609,9 @@ impl Qp {
                 return self.nak_and_error(ctx, psn, NakCode::INVALID_REQUEST, req_err);
             }
             let len = u64::from(reth.dma_len);
+            let mut target = None;
             if len > 0 {
-                if let Err(_e) = check_key(
+                match check_key(
                     ctx.mrs,
                     reth.rkey,
                     self.pd,
@@ -1616,7 +1620,13 @@ impl Qp {
                     len,
                     true,
                 ) {
-                    return self.nak_and_error(ctx, psn, NakCode::REMOTE_ACCESS_ERROR, acc_err);
+                    Err(_e) => {
+                        return self.nak_and_error(ctx, psn, NakCode::REMOTE_ACCESS_ERROR, acc_err);
+                    }
+                    Ok(Some(mr)) if !opc.is_only() => {
+                        target = WriteTarget::resolve(ctx.mem, mr, reth.va, len);
+                    }
+                    Ok(_) => {}
                 }
             }
             let fits = if opc.is_only() {
@@ -1632,6 +1642,7 @@ impl Qp {
                 va: reth.va,
                 remaining: len,
                 total: reth.dma_len,
+                target,
             });
         } else if self.write.is_none() {
             return self.nak_and_error(ctx, psn, NakCode::INVALID_REQUEST, req_err);
@@ -1665,16 +1676,21 @@ impl Qp {
             return self.nak_and_error(ctx, psn, NakCode::INVALID_REQUEST, req_err);
         }
         if n > 0 {
-            let res = check_key(
-                ctx.mrs,
-                w.rkey,
-                self.pd,
-                AccessFlags::REMOTE_WRITE,
-                w.va,
-                n,
-                true,
-            )
-            .and_then(|mr| mr_write(ctx.mem, mr, w.va, payload));
+            let placed = w.target.as_mut().and_then(|t| t.place(payload));
+            let res = placed.unwrap_or_else(|| {
+                // No target, or it no longer holds: the full check.
+                w.target = None;
+                check_key(
+                    ctx.mrs,
+                    w.rkey,
+                    self.pd,
+                    AccessFlags::REMOTE_WRITE,
+                    w.va,
+                    n,
+                    true,
+                )
+                .and_then(|mr| mr_write(ctx.mem, mr, w.va, payload))
+            });
             if res.is_err() {
                 return self.nak_and_error(ctx, psn, NakCode::REMOTE_ACCESS_ERROR, acc_err);
             }

@@ -833,6 +833,12 @@ impl World {
         self.deliver_parsed(dst, &parsed, Payload::Bytes(parsed.packet.payload))
     }
 
+    /// Delivers `frame` to HCA `dst` at once (see [`super::Fabric::inject`]).
+    #[cfg(test)]
+    pub fn inject(&mut self, dst: usize, frame: Vec<u8>) {
+        self.deliver(dst, &Frame::Bytes(frame), false);
+    }
+
     /// Hands a parsed frame to the QP it names on HCA `dst`.
     fn deliver_parsed(
         &mut self,
