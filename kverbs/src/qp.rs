@@ -446,7 +446,7 @@ impl<P: Platform, C: Send + 'static> QpShared<P, C> {
     }
 
     fn post_send_marker(&self, irql: &Passive<'_>) -> Result<(), VerbsError> {
-        let mut batch = SendBatch::open(self, irql).map_err(|_| VerbsError::Closed)?;
+        let mut batch = SendBatch::open(self, irql, false).map_err(|_| VerbsError::Closed)?;
         batch.marker = true;
         batch
             .push(
@@ -839,11 +839,7 @@ impl<P: Platform, C: Send + 'static> Qp<P, C> {
         &'q self,
         irql: &'q I,
     ) -> Result<SendBatch<'q, P, C>, PostErrorKind> {
-        let batch = SendBatch::open(&self.shared, irql)?;
-        if !batch.guard.accepting {
-            return Err(PostErrorKind::Flushing);
-        }
-        Ok(batch)
+        SendBatch::open(&self.shared, irql, true)
     }
 
     /// Starts a batch of receives.
@@ -1046,12 +1042,25 @@ pub struct SendBatch<'q, P: Platform, C: Send + 'static> {
     last_ctrl: u64,
     wqes: u32,
     marker: bool,
-    committed: bool,
 }
 
 impl<'q, P: Platform, C: Send + 'static> SendBatch<'q, P, C> {
-    fn open<I: LeDispatch>(qp: &'q QpShared<P, C>, irql: &'q I) -> Result<Self, PostErrorKind> {
+    /// Takes the send lock and the producer claim; with `only_accepting`,
+    /// refuses a QP that stopped posting ([`PostErrorKind::Flushing`]).
+    ///
+    /// Every check comes before the batch is built, so the value is built
+    /// once, in the caller's return slot (a check after building it made
+    /// the compiler build it on the stack and copy it out).
+    #[inline]
+    fn open<I: LeDispatch>(
+        qp: &'q QpShared<P, C>,
+        irql: &'q I,
+        only_accepting: bool,
+    ) -> Result<Self, PostErrorKind> {
         let guard = qp.sq.lock(irql);
+        if only_accepting && !guard.accepting {
+            return Err(PostErrorKind::Flushing);
+        }
         // The send lock serialises producers, so the claim always succeeds.
         let producer = qp.sq_slots.producer().ok_or(PostErrorKind::Flushing)?;
         let pi = guard.pi;
@@ -1063,8 +1072,23 @@ impl<'q, P: Platform, C: Send + 'static> SendBatch<'q, P, C> {
             last_ctrl: 0,
             wqes: 0,
             marker: false,
-            committed: false,
         })
+    }
+
+    /// Takes every context back out of the slots this batch wrote and did
+    /// not publish (a batch dropped uncommitted). Out of line and cold:
+    /// the committed drop stays a compare and the two releases.
+    #[cold]
+    #[inline(never)]
+    fn discard_unpublished(&mut self) {
+        let mut at = self.producer.published();
+        while at != self.pi {
+            let step = match self.producer.take_unpublished(at) {
+                Ok(Some(slot)) => u32::from(slot.wqebbs.max(1)),
+                _ => 1,
+            };
+            at = at.wrapping_add(step);
+        }
     }
 
     /// Where the next work request of this batch goes in the send queue
@@ -1497,7 +1521,7 @@ impl<'q, P: Platform, C: Send + 'static> SendBatch<'q, P, C> {
         P::write_doorbell(&*self.guard.doorbell, self.last_ctrl);
         barrier::mmio_flush_writes();
         self.guard.pi = self.pi;
-        self.committed = true;
+        // `published == pi` now: the drop finds nothing to take back.
         self.wqes
     }
 }
@@ -1529,18 +1553,14 @@ fn emit_payload(
 }
 
 impl<P: Platform, C: Send + 'static> Drop for SendBatch<'_, P, C> {
+    /// An uncommitted batch wrote slots below `pi` it never published
+    /// (commit publishes up to `pi`, an empty batch never moved it); their
+    /// contexts are taken back. The claim and the lock go after, in field
+    /// order.
+    #[inline]
     fn drop(&mut self) {
-        if self.committed {
-            return;
-        }
-        // Take every context back out of the unpublished slots.
-        let mut at = self.producer.published();
-        while at != self.pi {
-            let step = match self.producer.take_unpublished(at) {
-                Ok(Some(slot)) => u32::from(slot.wqebbs.max(1)),
-                _ => 1,
-            };
-            at = at.wrapping_add(step);
+        if self.producer.published() != self.pi {
+            self.discard_unpublished();
         }
     }
 }

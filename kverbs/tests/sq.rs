@@ -300,3 +300,82 @@ fn concurrent_posters_are_never_refused_on_a_live_qp() {
     );
     w.finish();
 }
+
+/// A batch dropped uncommitted posts nothing and gives back the contexts of
+/// the requests it wrote (their slots are free for the next batch, which
+/// then loses nothing); a committed batch's contexts come back once, in
+/// completions.
+fn dropped_batch(mode: Mode) {
+    let w = World::new(mode);
+    w.platform.run_passive(|p| {
+        let a = w.node([10, 0, 0, 1], p);
+        let b = w.node([10, 0, 0, 2], p);
+        let ca = Collect::<Arc<u64>>::new(64);
+        let cq_a = a.cq(64, ca.clone(), p);
+        let cq_b = b.cq(64, Collect::<u64>::new(64), p);
+        let qa = a.qp(QpType::Rc, &cq_a, 8, 1, p);
+        let qb = b.qp(QpType::Rc, &cq_b, 8, 8, p);
+        bring_up(&qa, Some((b.gid(), qb.qpn())), p);
+        bring_up(&qb, Some((a.gid(), qa.qpn())), p);
+        let rbuf = kverbs::mr::Mr::alloc(
+            &b.pd,
+            8 * 16,
+            hca_lowlevel::device::AccessFlags::LOCAL_WRITE,
+            p,
+        )
+        .unwrap();
+        let mut r = qb.begin_recv(p).unwrap();
+        for i in 0..4u64 {
+            r.recv(&[rbuf.sge(i * 16, 16).unwrap()], i).unwrap();
+        }
+        r.commit();
+        let dropped = Arc::new(7u64);
+        let mut s = qa.begin_send(p).unwrap();
+        for _ in 0..3 {
+            s.send(
+                &SendWr::new(Payload::Inline(&[1])),
+                Signal::Signalled(Arc::clone(&dropped)),
+            )
+            .unwrap();
+        }
+        assert_eq!(s.len(), 3);
+        drop(s);
+        assert_eq!(
+            Arc::strong_count(&dropped),
+            1,
+            "the dropped batch gave its contexts back"
+        );
+        assert_eq!(qa.outstanding(QueueKind::Send), 0, "nothing was posted");
+        let kept = Arc::new(8u64);
+        let mut s = qa.begin_send(p).unwrap();
+        for _ in 0..2 {
+            s.send(
+                &SendWr::new(Payload::Inline(&[2])),
+                Signal::Signalled(Arc::clone(&kept)),
+            )
+            .unwrap();
+        }
+        assert_eq!(s.commit(), 2);
+        w.wait("both completions", || ca.total() == 2);
+        for c in ca.take() {
+            assert!(c.is_success());
+            assert_eq!(c.context.as_deref(), Some(&8));
+        }
+        assert_eq!(Arc::strong_count(&kept), 1, "each context came back once");
+        assert_eq!(qa.stats().lost_contexts, 0);
+        assert_eq!(qa.stats().bogus_completions, 0);
+        qa.destroy(p).unwrap();
+        qb.destroy(p).unwrap();
+        for _ in 0..20 {
+            w.step();
+        }
+    });
+    w.finish();
+}
+
+#[test]
+fn dropped_batch_gives_contexts_back_and_posts_nothing() {
+    for mode in MODES {
+        dropped_batch(mode);
+    }
+}
