@@ -274,6 +274,45 @@ impl HeaderSet {
     }
 }
 
+/// [`Opcode::headers`] by opcode byte (bits of [`HeaderSet`]; 0 for bytes
+/// that are no opcode).
+#[expect(
+    clippy::indexing_slicing,
+    reason = "compile time; the loop bounds the index"
+)]
+const HEADERS_BY_CODE: [u16; 128] = {
+    let mut table = [0u16; 128];
+    let mut code = 0;
+    while code < table.len() {
+        // CAST: `code` is below 128.
+        if let Ok(op) = Opcode::from_u8(code as u8) {
+            table[code] = op.headers_computed().bits();
+        }
+        code += 1;
+    }
+    table
+};
+
+/// [`Opcode::header_len`] by opcode byte (0 for bytes that are no opcode).
+#[expect(
+    clippy::indexing_slicing,
+    reason = "compile time; the loop bounds the index"
+)]
+const HEADER_LEN_BY_CODE: [u8; 128] = {
+    let mut table = [0u8; 128];
+    let mut code = 0;
+    while code < table.len() {
+        // CAST: `code` is below 128.
+        if let Ok(op) = Opcode::from_u8(code as u8) {
+            let len = super::bth::HEADER_LEN + op.headers_computed().byte_len();
+            // CAST: at most 12 + 4 + 8 + 28 (BTH, RDETH, DETH, AtomicETH) bytes.
+            table[code] = len as u8;
+        }
+        code += 1;
+    }
+    table
+};
+
 /// A BTH opcode that the IBA defines: a transport and an operation valid for it.
 ///
 /// # Invariants
@@ -350,7 +389,19 @@ impl Opcode {
 
     /// The extension headers that follow the BTH, as a set; they appear in
     /// [`HeaderKind::WIRE_ORDER`].
+    ///
+    /// One table load: every packet parsed, checked and emitted asks, and
+    /// the two matches it is computed from (at compile time) cost more.
+    #[expect(clippy::indexing_slicing, reason = "index masked to the table length")]
     pub const fn headers(self) -> HeaderSet {
+        // PANIC: the masked byte is below the table length (128); the opcode
+        // byte is below 0x80 anyway (transports 0x00..=0x60, operations
+        // below 0x20).
+        HeaderSet::from_bits_retain(HEADERS_BY_CODE[(self.to_u8() & 0x7f) as usize])
+    }
+
+    /// [`Self::headers`], computed (builds [`HEADERS_BY_CODE`]).
+    const fn headers_computed(self) -> HeaderSet {
         use Operation as O;
         let op_headers = match self.operation {
             O::SendFirst
@@ -385,9 +436,12 @@ impl Opcode {
         op_headers.union(transport_headers)
     }
 
-    /// Length of the BTH plus the extension headers.
+    /// Length of the BTH plus the extension headers (a table load, like
+    /// [`Self::headers`]).
+    #[expect(clippy::indexing_slicing, reason = "index masked to the table length")]
     pub const fn header_len(self) -> usize {
-        super::bth::HEADER_LEN + self.headers().byte_len()
+        // PANIC: as in `headers`, the masked byte is below 128.
+        HEADER_LEN_BY_CODE[(self.to_u8() & 0x7f) as usize] as usize
     }
 
     /// The packet may carry a payload (it may still be empty).
@@ -646,6 +700,29 @@ impl fmt::Debug for Opcode {
 mod tests {
     use super::*;
     use std::vec::Vec;
+
+    #[test]
+    fn header_tables_match_the_computed_sets() {
+        let mut seen = 0;
+        for op in Opcode::all() {
+            assert_eq!(op.headers(), op.headers_computed(), "{op:?}");
+            assert_eq!(
+                op.header_len(),
+                crate::wire::bth::HEADER_LEN + op.headers_computed().byte_len(),
+                "{op:?}"
+            );
+            seen += 1;
+        }
+        // RC 25, UC 12, RD 21, UD 2.
+        assert_eq!(seen, 60);
+        // Bytes that are no opcode have no entry.
+        for code in 0u8..=0x7f {
+            if Opcode::from_u8(code).is_err() {
+                assert_eq!(HEADERS_BY_CODE[usize::from(code)], 0);
+                assert_eq!(HEADER_LEN_BY_CODE[usize::from(code)], 0);
+            }
+        }
+    }
 
     #[test]
     fn byte_round_trip_and_counts() {

@@ -84,34 +84,26 @@ impl<'a> IbPacketRepr<'a> {
         let opcode = bth.opcode;
         let headers = opcode.headers();
         let mut repr = IbPacketRepr::new(bth, &[]);
+        // Wire order; each header the opcode implies must be there whole.
         let mut offset = super::bth::HEADER_LEN;
-        for kind in HeaderKind::WIRE_ORDER {
-            if !headers.contains(kind.flag()) {
-                continue;
-            }
-            let at = bytes::rest(packet, offset..);
-            match kind {
-                HeaderKind::Rdeth => {
-                    repr.rdeth = Some(RdethRepr::parse(&Rdeth::new_checked(at)?)?);
+        macro_rules! parse_header {
+            ($field:ident, $view:ident, $repr:ident, $kind:ident) => {
+                if headers.contains(HeaderKind::$kind.flag()) {
+                    let at = bytes::rest(packet, offset..);
+                    repr.$field = Some($repr::parse(&$view::new_checked(at)?)?);
+                    offset += HeaderKind::$kind.byte_len();
                 }
-                HeaderKind::Deth => repr.deth = Some(DethRepr::parse(&Deth::new_checked(at)?)?),
-                HeaderKind::Feth => repr.feth = Some(FethRepr::parse(&Feth::new_checked(at)?)?),
-                HeaderKind::Reth => repr.reth = Some(RethRepr::parse(&Reth::new_checked(at)?)?),
-                HeaderKind::AtomicEth => {
-                    repr.atomic_eth = Some(AtomicEthRepr::parse(&AtomicEth::new_checked(at)?)?);
-                }
-                HeaderKind::Aeth => repr.aeth = Some(AethRepr::parse(&Aeth::new_checked(at)?)?),
-                HeaderKind::AtomicAckEth => {
-                    repr.atomic_ack_eth =
-                        Some(AtomicAckEthRepr::parse(&AtomicAckEth::new_checked(at)?)?);
-                }
-                HeaderKind::ImmDt => {
-                    repr.immdt = Some(ImmDtRepr::parse(&ImmDt::new_checked(at)?)?);
-                }
-                HeaderKind::Ieth => repr.ieth = Some(IethRepr::parse(&Ieth::new_checked(at)?)?),
-            }
-            offset += kind.byte_len();
+            };
         }
+        parse_header!(rdeth, Rdeth, RdethRepr, Rdeth);
+        parse_header!(deth, Deth, DethRepr, Deth);
+        parse_header!(feth, Feth, FethRepr, Feth);
+        parse_header!(reth, Reth, RethRepr, Reth);
+        parse_header!(atomic_eth, AtomicEth, AtomicEthRepr, AtomicEth);
+        parse_header!(aeth, Aeth, AethRepr, Aeth);
+        parse_header!(atomic_ack_eth, AtomicAckEth, AtomicAckEthRepr, AtomicAckEth);
+        parse_header!(immdt, ImmDt, ImmDtRepr, ImmDt);
+        parse_header!(ieth, Ieth, IethRepr, Ieth);
 
         if packet.len() % 4 != 0 {
             return Err(Error::UnalignedPacketLength);
@@ -144,17 +136,19 @@ impl<'a> IbPacketRepr<'a> {
 
     /// The extension headers present in this representation.
     pub fn present_headers(&self) -> HeaderSet {
-        let mut set = HeaderSet::empty();
-        set.set(HeaderSet::RDETH, self.rdeth.is_some());
-        set.set(HeaderSet::DETH, self.deth.is_some());
-        set.set(HeaderSet::FETH, self.feth.is_some());
-        set.set(HeaderSet::RETH, self.reth.is_some());
-        set.set(HeaderSet::ATOMIC_ETH, self.atomic_eth.is_some());
-        set.set(HeaderSet::AETH, self.aeth.is_some());
-        set.set(HeaderSet::ATOMIC_ACK_ETH, self.atomic_ack_eth.is_some());
-        set.set(HeaderSet::IMMDT, self.immdt.is_some());
-        set.set(HeaderSet::IETH, self.ieth.is_some());
-        set
+        // Plain bit arithmetic: this runs for every packet emitted.
+        let bit = |present: bool, flag: HeaderSet| if present { flag.bits() } else { 0 };
+        HeaderSet::from_bits_retain(
+            bit(self.rdeth.is_some(), HeaderSet::RDETH)
+                | bit(self.deth.is_some(), HeaderSet::DETH)
+                | bit(self.feth.is_some(), HeaderSet::FETH)
+                | bit(self.reth.is_some(), HeaderSet::RETH)
+                | bit(self.atomic_eth.is_some(), HeaderSet::ATOMIC_ETH)
+                | bit(self.aeth.is_some(), HeaderSet::AETH)
+                | bit(self.atomic_ack_eth.is_some(), HeaderSet::ATOMIC_ACK_ETH)
+                | bit(self.immdt.is_some(), HeaderSet::IMMDT)
+                | bit(self.ieth.is_some(), HeaderSet::IETH),
+        )
     }
 
     /// The BTH pad count this packet is emitted with.
@@ -184,12 +178,9 @@ impl<'a> IbPacketRepr<'a> {
         let opcode = self.bth.opcode;
         let wanted = opcode.headers();
         let present = self.present_headers();
-        for kind in HeaderKind::WIRE_ORDER {
-            let flag = kind.flag();
-            match (wanted.contains(flag), present.contains(flag)) {
-                (true, false) => return Err(Error::MissingHeader(kind)),
-                (false, true) => return Err(Error::UnexpectedHeader(kind)),
-                _ => {}
+        if present != wanted {
+            if let Some(err) = header_mismatch(wanted, present) {
+                return Err(err);
             }
         }
         if !opcode.has_payload() && !self.payload.is_empty() {
@@ -213,6 +204,17 @@ impl<'a> IbPacketRepr<'a> {
     /// is shorter than [`Self::buffer_len`].
     pub fn emit(&self, buf: &mut [u8]) -> Result<usize> {
         self.check()?;
+        self.emit_checked(buf)
+    }
+
+    /// [`Self::emit`] of a representation [`Self::check`] accepted (a
+    /// frame's emitter checks first, and needs not check twice).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::BufferTooShort`] when `buf` is shorter than
+    /// [`Self::buffer_len`].
+    pub(super) fn emit_checked(&self, buf: &mut [u8]) -> Result<usize> {
         let len = self.buffer_len();
         let out = buf.get_mut(..len).ok_or(Error::BufferTooShort)?;
 
@@ -220,28 +222,30 @@ impl<'a> IbPacketRepr<'a> {
         self.bth.emit(&mut bth);
         bth.set_pad_count(self.pad_count());
 
+        // The checked headers are exactly the opcode's, so `len` has room
+        // for each; the slices are total all the same. Wire order.
         let mut offset = super::bth::HEADER_LEN;
-        for kind in HeaderKind::WIRE_ORDER {
-            let at = bytes::slice_mut(out, offset..offset + kind.byte_len());
-            let written = match kind {
-                HeaderKind::Rdeth => self.rdeth.map(|h| h.emit(&mut Rdeth::new_unchecked(at))),
-                HeaderKind::Deth => self.deth.map(|h| h.emit(&mut Deth::new_unchecked(at))),
-                HeaderKind::Feth => self.feth.map(|h| h.emit(&mut Feth::new_unchecked(at))),
-                HeaderKind::Reth => self.reth.map(|h| h.emit(&mut Reth::new_unchecked(at))),
-                HeaderKind::AtomicEth => self
-                    .atomic_eth
-                    .map(|h| h.emit(&mut AtomicEth::new_unchecked(at))),
-                HeaderKind::Aeth => self.aeth.map(|h| h.emit(&mut Aeth::new_unchecked(at))),
-                HeaderKind::AtomicAckEth => self
-                    .atomic_ack_eth
-                    .map(|h| h.emit(&mut AtomicAckEth::new_unchecked(at))),
-                HeaderKind::ImmDt => self.immdt.map(|h| h.emit(&mut ImmDt::new_unchecked(at))),
-                HeaderKind::Ieth => self.ieth.map(|h| h.emit(&mut Ieth::new_unchecked(at))),
+        macro_rules! emit_header {
+            ($field:ident, $view:ident, $kind:ident) => {
+                if let Some(h) = &self.$field {
+                    let end = offset + HeaderKind::$kind.byte_len();
+                    h.emit(&mut $view::new_unchecked(bytes::slice_mut(
+                        out,
+                        offset..end,
+                    )));
+                    offset = end;
+                }
             };
-            if written.is_some() {
-                offset += kind.byte_len();
-            }
         }
+        emit_header!(rdeth, Rdeth, Rdeth);
+        emit_header!(deth, Deth, Deth);
+        emit_header!(feth, Feth, Feth);
+        emit_header!(reth, Reth, Reth);
+        emit_header!(atomic_eth, AtomicEth, AtomicEth);
+        emit_header!(aeth, Aeth, Aeth);
+        emit_header!(atomic_ack_eth, AtomicAckEth, AtomicAckEth);
+        emit_header!(immdt, ImmDt, ImmDt);
+        emit_header!(ieth, Ieth, Ieth);
 
         let payload_end = offset + self.payload.len();
         bytes::write_bytes(out, offset..payload_end, self.payload);
@@ -250,4 +254,20 @@ impl<'a> IbPacketRepr<'a> {
         }
         Ok(len)
     }
+}
+
+/// The error of [`IbPacketRepr::check`] for headers that differ from the
+/// opcode's: about the first header, in wire order, that is missing or
+/// unexpected (`None` if the sets agree on every kind). Out of line: the
+/// common path only compares the sets.
+#[cold]
+fn header_mismatch(wanted: HeaderSet, present: HeaderSet) -> Option<Error> {
+    HeaderKind::WIRE_ORDER.into_iter().find_map(|kind| {
+        let flag = kind.flag();
+        match (wanted.contains(flag), present.contains(flag)) {
+            (true, false) => Some(Error::MissingHeader(kind)),
+            (false, true) => Some(Error::UnexpectedHeader(kind)),
+            _ => None,
+        }
+    })
 }

@@ -204,8 +204,9 @@ impl<'a> RoceV2FrameRepr<'a> {
         udp.emit(&mut UdpPacket::new_unchecked(&mut *udp_bytes))?;
         let ib_start = UDP_LEN;
         let ib_end = ib_start + ib_len;
+        // Checked above.
         self.packet
-            .emit(bytes::slice_mut(udp_bytes, ib_start..ib_end))?;
+            .emit_checked(bytes::slice_mut(udp_bytes, ib_start..ib_end))?;
 
         let icrc = icrc_ipv4(
             &bytes::read_array(out, ETH_LEN..ETH_LEN + IP_LEN),
