@@ -633,6 +633,7 @@ impl HostSpinLock {
     }
 
     /// Pops the lock off the thread's held-lock stack and releases it.
+    #[inline]
     fn spin_release(&self) {
         let _ = with_thread(|t| pop_held_on(t, self.id()));
         self.locked.store(false, Ordering::Release);
