@@ -225,6 +225,56 @@ for r in suite["results"] + qd1["results"]:
           f"{rt['errors']} | {ratio:.3f} |")
 print()
 
+def seq_read_mbps(name):
+    """MB/s of the 128 KiB read in one series run's JSON (None if absent)."""
+    try:
+        results = json.loads(read(name))["results"]
+    except (OSError, ValueError, KeyError):
+        return None
+    return next((r["mbps"] for r in results if r["spec"].startswith("128K sequential read")),
+                None)
+
+
+def median(xs):
+    xs = sorted(xs)
+    mid = len(xs) // 2
+    return xs[mid] if len(xs) % 2 else (xs[mid - 1] + xs[mid]) / 2
+
+
+try:
+    memcpy_seq = [float(kv(l)["memcpy_mb_s"]) for l in read("memcpy-seq.txt").splitlines() if l]
+except OSError:
+    memcpy_seq = []
+series = []  # (MB/s, memcpy MB/s measured right after it)
+for i, m in enumerate(memcpy_seq, start=1):
+    mbps = seq_read_mbps(f"seq-{i}.json")
+    if mbps is not None:
+        series.append((mbps, m))
+pinned = [v for v in (seq_read_mbps(f"seq-pinned-{i}.json") for i in (1, 2, 3)) if v is not None]
+seq_ratios = [mbps / m for mbps, m in series]
+seq_median = median(seq_ratios) if seq_ratios else None
+if series:
+    print("### 128 KiB sequential read series")
+    print()
+    print("One run's bandwidth moves by about +-25 % on this shared VM, so the goal takes "
+          "the median of a series: each run writes 64 KiB sequentially first (the read then "
+          "reads written RAM-disk chunks), reads 128 KiB sequentially at QD 16, and is "
+          "followed by a memcpy measurement it is compared with. The same runs pinned to one "
+          "CPU (`taskset -c 0`) are listed for comparison, against the series' mean memcpy.")
+    print()
+    print("| run | 128 KiB read MB/s | memcpy MB/s | vs memcpy |")
+    print("|---|---:|---:|---:|")
+    for i, (mbps, m) in enumerate(series, start=1):
+        print(f"| {i} | {mbps:,.1f} | {m:,.0f} | {mbps / m:.3f} |")
+    mean_seq_memcpy = sum(memcpy_seq) / len(memcpy_seq)
+    for i, mbps in enumerate(pinned, start=1):
+        print(f"| pinned to CPU 0, {i} | {mbps:,.1f} | ({mean_seq_memcpy:,.0f}) | "
+              f"{mbps / mean_seq_memcpy:.3f} |")
+    print()
+    print(f"Median of the series: **{seq_median:.3f}x** memcpy "
+          f"(range {min(seq_ratios):.3f}-{max(seq_ratios):.3f}).")
+    print()
+
 print("## 4. QD1 latency vs bare verbs ping-pong")
 print()
 q = qd1["results"][0]["latency"]
@@ -255,8 +305,14 @@ print(f"| <= ~{GOAL_INSTR_4K} instructions per 4 KiB I/O (initiator path) | "
 worst_flat = max(flat.values())
 print(f"| flat cost per I/O from QD 1 to QD 256 (most/least <= {GOAL_FLAT}) | worst {worst_flat:.3f} | "
       f"{met(worst_flat <= GOAL_FLAT)} |")
-print(f"| 128 KiB sequential reads >= {GOAL_SEQ_VS_MEMCPY}x memcpy bandwidth | "
-      f"{seq128:.3f}x | {met(seq128 is not None and seq128 >= GOAL_SEQ_VS_MEMCPY)} |")
+if seq_median is not None:
+    print(f"| 128 KiB sequential reads >= {GOAL_SEQ_VS_MEMCPY}x memcpy bandwidth | "
+          f"median {seq_median:.3f}x of {len(seq_ratios)} runs ({min(seq_ratios):.3f}-"
+          f"{max(seq_ratios):.3f}); the suite's run {seq128:.3f}x | "
+          f"{met(seq_median >= GOAL_SEQ_VS_MEMCPY)} |")
+else:
+    print(f"| 128 KiB sequential reads >= {GOAL_SEQ_VS_MEMCPY}x memcpy bandwidth | "
+          f"{seq128:.3f}x (one run) | {met(seq128 is not None and seq128 >= GOAL_SEQ_VS_MEMCPY)} |")
 print(f"| QD1 latency <= {GOAL_LATENCY_VS_PINGPONG}x verbs ping-pong | {lat_ratio:.2f}x "
       f"({qd1_mean:.1f} / {pp_mean:.1f} us) | {met(lat_ratio <= GOAL_LATENCY_VS_PINGPONG)} |")
 print(f"| zero allocations on the I/O path | {total_dispatch} at DISPATCH_LEVEL | "
@@ -295,7 +351,11 @@ print("## Commands")
 print()
 print("```sh")
 print("tools/perf/run.sh   # all of the below, then this report")
+shown = set()
 for c in read("commands.txt").splitlines():
-    c = c.replace(WORK, "$WORK")
-    print(c)
+    # A series' runs differ only in their JSON file's number: show one.
+    c = re.sub(r"seq-(pinned-)?\d+\.json", r"seq-\1N.json", c.replace(WORK, "$WORK"))
+    if c not in shown:
+        shown.add(c)
+        print(c)
 print("```")
