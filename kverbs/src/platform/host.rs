@@ -914,6 +914,10 @@ struct HostTimerInner {
 struct Queue<T> {
     state: Mutex<QueueState<T>>,
     ready: Condvar,
+    /// A lock-free copy of `QueueState::sleeping`, read as a hint by
+    /// [`queue_dpc`] to find a DPC thread that is awake (never for
+    /// correctness: `push` decides on the wake-up under the lock).
+    sleepers: AtomicUsize,
 }
 
 struct QueueState<T> {
@@ -932,7 +936,14 @@ impl<T> Queue<T> {
                 sleeping: 0,
             }),
             ready: Condvar::new(),
+            sleepers: AtomicUsize::new(0),
         }
+    }
+
+    /// True if every thread of the queue is (as far as a racy read can
+    /// tell) asleep and not yet owed a wake-up.
+    fn looks_idle(&self) -> bool {
+        self.sleepers.load(Ordering::Relaxed) > 0
     }
 
     /// The queued items (locked).
@@ -954,6 +965,7 @@ impl<T> Queue<T> {
         let wake = state.sleeping > 0;
         if wake {
             state.sleeping -= 1;
+            self.sleepers.store(state.sleeping, Ordering::Relaxed);
         }
         drop(state);
         if wake {
@@ -973,6 +985,7 @@ impl<T> Queue<T> {
                 return None;
             }
             state.sleeping += 1;
+            self.sleepers.store(state.sleeping, Ordering::Relaxed);
             state = self
                 .ready
                 .wait(state)
@@ -984,6 +997,7 @@ impl<T> Queue<T> {
     fn wake_all(&self) {
         let mut state = lock(&self.state);
         state.sleeping = 0;
+        self.sleepers.store(0, Ordering::Relaxed);
         self.ready.notify_all();
     }
 }
@@ -1016,6 +1030,10 @@ struct Shared {
     /// Queued plus running routines.
     pending: AtomicUsize,
     next_processor: AtomicU32,
+    /// Place a foreign thread's `DpcTarget::Current` DPC on an awake DPC
+    /// thread (see [`processor_for_foreign_thread`]). Prototype switch:
+    /// on unless `KVERBS_HOST_ROUND_ROBIN_DPCS` is set, for A/B runs.
+    prefer_awake_dpc_thread: bool,
     stopping: AtomicBool,
     threads: Mutex<Vec<JoinHandle<()>>>,
     /// Test switch: [`Platform::fill_random`] fails.
@@ -1064,6 +1082,7 @@ impl HostPlatform {
             registered_work_items: AtomicUsize::new(0),
             pending: AtomicUsize::new(0),
             next_processor: AtomicU32::new(0),
+            prefer_awake_dpc_thread: std::env::var_os("KVERBS_HOST_ROUND_ROBIN_DPCS").is_none(),
             stopping: AtomicBool::new(false),
             threads: Mutex::new(Vec::new()),
             random_unavailable: AtomicBool::new(false),
@@ -1594,6 +1613,31 @@ fn timer_thread(shared: &Arc<Shared>) {
     }
 }
 
+/// The processor a `DpcTarget::Current` DPC queued by a thread that is not
+/// a DPC thread (a test, a worker, the benchmark's submitter) runs on.
+///
+/// On NT it is whatever processor that thread happens to run on; any
+/// choice is faithful. Round robin spreads the DPCs but, when the chosen
+/// DPC thread sleeps, costs a futex wake-up and a sleeping thread's
+/// scheduling latency (on a VM, an idle vCPU's); a DPC thread that is awake
+/// drains its queue anyway. So: the first processor, from the round-robin
+/// position, whose DPC thread looks awake; round robin if all sleep.
+fn processor_for_foreign_thread(shared: &Shared, count: u32) -> u32 {
+    let start = shared.next_processor.fetch_add(1, Ordering::Relaxed);
+    if !shared.prefer_awake_dpc_thread {
+        return start;
+    }
+    (0..count)
+        .map(|i| start.wrapping_add(i) % count)
+        .find(|&cpu| {
+            shared
+                .dpc_queues
+                .get(cpu as usize)
+                .is_some_and(|q| !q.looks_idle())
+        })
+        .unwrap_or(start)
+}
+
 fn queue_dpc(dpc: &Arc<HostDpcInner>) -> bool {
     let Some(shared) = dpc.shared.upgrade() else {
         return false;
@@ -1607,7 +1651,7 @@ fn queue_dpc(dpc: &Arc<HostDpcInner>) -> bool {
         DpcTarget::Current => {
             with_thread(|t| t.cpu.get())
                 .flatten()
-                .unwrap_or_else(|| shared.next_processor.fetch_add(1, Ordering::Relaxed))
+                .unwrap_or_else(|| processor_for_foreign_thread(&shared, count))
                 % count
         }
     };
@@ -1856,5 +1900,67 @@ unsafe impl Platform for HostPlatform {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn manual(processors: u32) -> HostPlatform {
+        HostPlatform::with_config(HostConfig {
+            processors,
+            mode: HostMode::Manual,
+            ..HostConfig::default()
+        })
+    }
+
+    /// Marks processor `cpu`'s DPC thread asleep (or awake) as
+    /// `pop_or_wait` / `push` would.
+    fn set_asleep(p: &HostPlatform, cpu: usize, asleep: bool) {
+        if let Some(q) = p.shared.dpc_queues.get(cpu) {
+            q.sleepers.store(usize::from(asleep), Ordering::Relaxed);
+        }
+    }
+
+    #[test]
+    fn foreign_current_dpc_goes_to_an_awake_dpc_thread() {
+        let p = manual(4);
+        for cpu in [0, 1, 3] {
+            set_asleep(&p, cpu, true);
+        }
+        let picks: Vec<u32> = (0..8)
+            .map(|_| processor_for_foreign_thread(&p.shared, 4) % 4)
+            .collect();
+        assert_eq!(picks, vec![2; 8]);
+    }
+
+    #[test]
+    fn foreign_current_dpc_round_robins_when_all_sleep_or_all_wake() {
+        let p = manual(3);
+        let awake: Vec<u32> = (0..6)
+            .map(|_| processor_for_foreign_thread(&p.shared, 3) % 3)
+            .collect();
+        assert_eq!(awake, vec![0, 1, 2, 0, 1, 2]);
+        for cpu in 0..3 {
+            set_asleep(&p, cpu, true);
+        }
+        let asleep: Vec<u32> = (0..3)
+            .map(|_| processor_for_foreign_thread(&p.shared, 3) % 3)
+            .collect();
+        assert_eq!(asleep, vec![0, 1, 2]);
+    }
+
+    #[test]
+    fn push_and_wait_keep_the_sleeper_hint_in_step() {
+        let q: Queue<u32> = Queue::new();
+        lock(&q.state).sleeping = 2;
+        q.sleepers.store(2, Ordering::Relaxed);
+        q.push(7);
+        assert_eq!(q.sleepers.load(Ordering::Relaxed), 1);
+        assert_eq!(lock(&q.state).sleeping, 1);
+        assert!(q.looks_idle());
+        q.wake_all();
+        assert!(!q.looks_idle());
     }
 }
