@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use kverbs::irql::Irql;
-use kverbs::platform::host::{HostEvent, HostPlatform};
+use kverbs::platform::host::{ForeignDpcPlacement, HostConfig, HostEvent, HostMode, HostPlatform};
 use kverbs::platform::{
     DpcTarget, EventKind, Platform, RawDpc, RawEvent, RawTimer, RawWorkItem, duration_to_ticks,
 };
@@ -45,6 +45,64 @@ fn a_dpc_runs_at_dispatch_on_its_target_processor() {
         assert_eq!(*seen.lock().unwrap(), vec![Irql::DISPATCH; 5]);
     });
     platform.finish();
+}
+
+/// A `DpcTarget::Current` DPC queued by a thread that is no DPC thread runs
+/// once per successful queueing, at DISPATCH_LEVEL, under either placement
+/// (the awake-thread one reads a racy sleeper hint: it may pick a thread
+/// that is just falling asleep, and the DPC must still run).
+#[test]
+fn a_foreign_threads_current_dpc_runs_once_per_queueing_under_either_placement() {
+    for placement in [
+        ForeignDpcPlacement::RoundRobin,
+        ForeignDpcPlacement::AwakeThread,
+    ] {
+        let platform = HostPlatform::with_config(HostConfig {
+            processors: 2,
+            mode: HostMode::Threaded,
+            foreign_dpc_placement: placement,
+            ..HostConfig::default()
+        });
+        let runs = Arc::new(AtomicUsize::new(0));
+        let not_dispatch = Arc::new(AtomicUsize::new(0));
+        let mut queued = 0;
+        platform.run_passive(|p| {
+            let done = Arc::new(HostEvent::new(EventKind::Synchronization, false));
+            let (r, nd, dn) = (
+                Arc::clone(&runs),
+                Arc::clone(&not_dispatch),
+                Arc::clone(&done),
+            );
+            let dpc = platform
+                .new_dpc(
+                    Box::new(move |d| {
+                        if HostPlatform::current_irql() != Irql::DISPATCH {
+                            nd.fetch_add(1, Ordering::Relaxed);
+                        }
+                        r.fetch_add(1, Ordering::Relaxed);
+                        dn.set(d);
+                    }),
+                    DpcTarget::Current,
+                    p,
+                )
+                .unwrap();
+            // Waited for one at a time (each lands wherever the placement
+            // says), then back to back (most find the DPC still queued).
+            for _ in 0..100 {
+                assert!(dpc.queue());
+                queued += 1;
+                assert!(done.wait_timeout(Duration::from_secs(5), p));
+            }
+            for _ in 0..1000 {
+                if dpc.queue() {
+                    queued += 1;
+                }
+            }
+        });
+        platform.finish();
+        assert_eq!(runs.load(Ordering::Relaxed), queued, "{placement:?}");
+        assert_eq!(not_dispatch.load(Ordering::Relaxed), 0, "{placement:?}");
+    }
 }
 
 #[test]

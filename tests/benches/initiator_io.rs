@@ -541,12 +541,14 @@ fn main() {
         processors: 1,
         worker_threads: 1,
         dpc_budget: Duration::from_secs(2),
+        ..HostConfig::default()
     });
     let target_platform = HostPlatform::with_config(HostConfig {
         mode: HostMode::Threaded,
         processors: 1,
         worker_threads: 1,
         dpc_budget: Duration::from_secs(2),
+        ..HostConfig::default()
     });
     let tp = target_platform.clone();
     platform.run_passive(|p| {

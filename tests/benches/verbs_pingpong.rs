@@ -157,6 +157,7 @@ fn main() {
         processors: 2,
         worker_threads: 2,
         dpc_budget: Duration::from_secs(2),
+        ..HostConfig::default()
     });
     // The fabric kvbench's in-process backend runs on (the same doorbell
     // mode: a fair yardstick).

@@ -128,6 +128,7 @@ impl Default for IserStackConfig {
                 processors: 2,
                 worker_threads: 2,
                 dpc_budget: Duration::from_secs(2),
+                ..HostConfig::default()
             },
             wait_live: true,
         }

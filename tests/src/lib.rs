@@ -197,6 +197,7 @@ impl Default for StackConfig {
                 processors: 2,
                 worker_threads: 2,
                 dpc_budget: Duration::from_secs(2),
+                ..HostConfig::default()
             },
             initiator_memory: 512 << 20,
             wait_live: true,

@@ -20,7 +20,7 @@ use kverbs::cm::{CmConfig, CmError, CmPort, CmPortConfig};
 use kverbs::device::{Device, DeviceConfig};
 use kverbs::hostdev::VerifiedHca;
 use kverbs::irql::Passive;
-use kverbs::platform::host::{HostConfig, HostMode, HostPlatform};
+use kverbs::platform::host::{ForeignDpcPlacement, HostConfig, HostMode, HostPlatform};
 use kverbs::wire::IbTimeout;
 use storport_srp::iser::IserTransport;
 use storport_srp::miniport::transport::{TargetState, Transport};
@@ -127,14 +127,23 @@ pub fn step_error(what: &str, e: &dyn std::fmt::Debug) -> BackendError {
     BackendError::new(format!("{what}: {e:?}"))
 }
 
-/// The threaded host platform the benchmark's stacks run on.
+/// The threaded host platform the benchmark's stacks run on. A DPC its
+/// worker threads queue for the current processor goes round robin, or to
+/// an awake DPC thread with `KVBENCH_AWAKE_DPC_THREAD=1` (A/B runs; see
+/// [`ForeignDpcPlacement::AwakeThread`]).
 #[must_use]
 pub fn bench_platform(processors: u32) -> HostPlatform {
+    let foreign_dpc_placement = if env_switch("KVBENCH_AWAKE_DPC_THREAD", false) {
+        ForeignDpcPlacement::AwakeThread
+    } else {
+        ForeignDpcPlacement::RoundRobin
+    };
     HostPlatform::with_config(HostConfig {
         mode: HostMode::Threaded,
         processors: processors.max(1),
         worker_threads: 2,
         dpc_budget: Duration::from_secs(2),
+        foreign_dpc_placement,
     })
 }
 
