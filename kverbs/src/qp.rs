@@ -1618,14 +1618,21 @@ impl<'q, P: Platform, C: Send + 'static> RecvBatch<'q, P, C> {
         if sges.len() > max {
             return Err(PostError::new(PostErrorKind::TooManySge, context));
         }
-        let mut segs: heapless::Vec<DataSegRepr, { hca_lowlevel::recv::MAX_RECV_SGE }> =
-            heapless::Vec::new();
-        for s in sges {
-            if segs.push(s.seg()).is_err() {
-                return Err(PostError::new(PostErrorKind::TooManySge, context));
+        // The usual receive (one buffer) goes straight to the ring; longer
+        // lists are gathered first (the ring takes decoded segments).
+        let written = if let [one] = sges {
+            self.guard.ring.write_wqe(self.pi, &[one.seg()])
+        } else {
+            let mut segs: heapless::Vec<DataSegRepr, { hca_lowlevel::recv::MAX_RECV_SGE }> =
+                heapless::Vec::new();
+            for s in sges {
+                if segs.push(s.seg()).is_err() {
+                    return Err(PostError::new(PostErrorKind::TooManySge, context));
+                }
             }
-        }
-        if self.guard.ring.write_wqe(self.pi, &segs).is_err() {
+            self.guard.ring.write_wqe(self.pi, &segs)
+        };
+        if written.is_err() {
             return Err(PostError::new(PostErrorKind::TooManySge, context));
         }
         let slot = RecvSlot {
