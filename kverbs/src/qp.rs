@@ -392,26 +392,30 @@ impl<P: Platform, C: Send + 'static> QpShared<P, C> {
         if slot.marker {
             return Some(CqItem::Marker(self.arc()?, QueueKind::Recv));
         }
-        let mut wc = Completion::from_cqe(cqe, false, slot.context);
-        if self.qp_type.is_datagram() && !cqe.opcode.is_error() {
-            let pkey_index = 0;
-            let grh = match (&slot.grh_at, cqe.grh) {
-                (Some((mr, offset)), true) => {
-                    let mut raw = [0u8; GRH_LEN];
-                    usize::try_from(*offset)
-                        .ok()
-                        .and_then(|at| mr.mem().read(at, &mut raw).ok())
-                        .map(|()| Grh::parse(&raw))
-                }
-                _ => None,
-            };
-            wc.ud = Some(UdSource {
-                src_qpn: cqe.src_qpn,
-                pkey_index,
-                pkey: self.device.pkey(self.port, pkey_index),
-                grh,
-            });
+        if !self.qp_type.is_datagram() || cqe.opcode.is_error() {
+            // Built in the return slot: a completion built first and
+            // amended after (the datagram case below) is built on the
+            // stack and copied out, ~90 bytes per receive.
+            return Some(CqItem::Wc(Completion::from_cqe(cqe, false, slot.context)));
         }
+        let mut wc = Completion::from_cqe(cqe, false, slot.context);
+        let pkey_index = 0;
+        let grh = match (&slot.grh_at, cqe.grh) {
+            (Some((mr, offset)), true) => {
+                let mut raw = [0u8; GRH_LEN];
+                usize::try_from(*offset)
+                    .ok()
+                    .and_then(|at| mr.mem().read(at, &mut raw).ok())
+                    .map(|()| Grh::parse(&raw))
+            }
+            _ => None,
+        };
+        wc.ud = Some(UdSource {
+            src_qpn: cqe.src_qpn,
+            pkey_index,
+            pkey: self.device.pkey(self.port, pkey_index),
+            grh,
+        });
         Some(CqItem::Wc(wc))
     }
 
