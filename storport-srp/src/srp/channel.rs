@@ -428,6 +428,10 @@ impl<P: Platform> CmdSlot<P> {
     /// If the command is done (response in, SEND complete, MRs
     /// invalidated), frees the slot and returns what the upcall needs, its
     /// sense bytes copied into `sense`.
+    ///
+    /// Inlined: each command passes here once, from the completion that
+    /// finishes it; out of line its call and frame cost ~30 instructions.
+    #[inline(always)]
     fn take_finished(&mut self, slot: u16, sense: &mut SenseBuf) -> Option<Finished> {
         if self.phase != SlotPhase::Posted || !self.send_done || !self.inv_done {
             return None;
