@@ -392,26 +392,30 @@ impl<P: Platform, C: Send + 'static> QpShared<P, C> {
         if slot.marker {
             return Some(CqItem::Marker(self.arc()?, QueueKind::Recv));
         }
-        let mut wc = Completion::from_cqe(cqe, false, slot.context);
-        if self.qp_type.is_datagram() && !cqe.opcode.is_error() {
-            let pkey_index = 0;
-            let grh = match (&slot.grh_at, cqe.grh) {
-                (Some((mr, offset)), true) => {
-                    let mut raw = [0u8; GRH_LEN];
-                    usize::try_from(*offset)
-                        .ok()
-                        .and_then(|at| mr.mem().read(at, &mut raw).ok())
-                        .map(|()| Grh::parse(&raw))
-                }
-                _ => None,
-            };
-            wc.ud = Some(UdSource {
-                src_qpn: cqe.src_qpn,
-                pkey_index,
-                pkey: self.device.pkey(self.port, pkey_index),
-                grh,
-            });
+        if !self.qp_type.is_datagram() || cqe.opcode.is_error() {
+            // Built in the return slot: a completion built first and
+            // amended after (the datagram case below) is built on the
+            // stack and copied out, ~90 bytes per receive.
+            return Some(CqItem::Wc(Completion::from_cqe(cqe, false, slot.context)));
         }
+        let mut wc = Completion::from_cqe(cqe, false, slot.context);
+        let pkey_index = 0;
+        let grh = match (&slot.grh_at, cqe.grh) {
+            (Some((mr, offset)), true) => {
+                let mut raw = [0u8; GRH_LEN];
+                usize::try_from(*offset)
+                    .ok()
+                    .and_then(|at| mr.mem().read(at, &mut raw).ok())
+                    .map(|()| Grh::parse(&raw))
+            }
+            _ => None,
+        };
+        wc.ud = Some(UdSource {
+            src_qpn: cqe.src_qpn,
+            pkey_index,
+            pkey: self.device.pkey(self.port, pkey_index),
+            grh,
+        });
         Some(CqItem::Wc(wc))
     }
 
@@ -1618,14 +1622,21 @@ impl<'q, P: Platform, C: Send + 'static> RecvBatch<'q, P, C> {
         if sges.len() > max {
             return Err(PostError::new(PostErrorKind::TooManySge, context));
         }
-        let mut segs: heapless::Vec<DataSegRepr, { hca_lowlevel::recv::MAX_RECV_SGE }> =
-            heapless::Vec::new();
-        for s in sges {
-            if segs.push(s.seg()).is_err() {
-                return Err(PostError::new(PostErrorKind::TooManySge, context));
+        // The usual receive (one buffer) goes straight to the ring; longer
+        // lists are gathered first (the ring takes decoded segments).
+        let written = if let [one] = sges {
+            self.guard.ring.write_wqe(self.pi, &[one.seg()])
+        } else {
+            let mut segs: heapless::Vec<DataSegRepr, { hca_lowlevel::recv::MAX_RECV_SGE }> =
+                heapless::Vec::new();
+            for s in sges {
+                if segs.push(s.seg()).is_err() {
+                    return Err(PostError::new(PostErrorKind::TooManySge, context));
+                }
             }
-        }
-        if self.guard.ring.write_wqe(self.pi, &segs).is_err() {
+            self.guard.ring.write_wqe(self.pi, &segs)
+        };
+        if written.is_err() {
             return Err(PostError::new(PostErrorKind::TooManySge, context));
         }
         let slot = RecvSlot {

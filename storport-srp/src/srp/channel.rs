@@ -428,6 +428,10 @@ impl<P: Platform> CmdSlot<P> {
     /// If the command is done (response in, SEND complete, MRs
     /// invalidated), frees the slot and returns what the upcall needs, its
     /// sense bytes copied into `sense`.
+    ///
+    /// Inlined: each command passes here once, from the completion that
+    /// finishes it; out of line its call and frame cost ~30 instructions.
+    #[inline(always)]
     fn take_finished(&mut self, slot: u16, sense: &mut SenseBuf) -> Option<Finished> {
         if self.phase != SlotPhase::Posted || !self.send_done || !self.inv_done {
             return None;
@@ -994,7 +998,7 @@ impl<P: Platform> Engine<P> {
                 }
             }
         }
-        s.budget = s.plan.send_queue_cost(&s.runs);
+        s.budget = s.plan.send_queue_cost();
         Ok(())
     }
 
@@ -1081,12 +1085,7 @@ impl<P: Platform> Engine<P> {
         // Immediate data's gather list is built already; otherwise the
         // SEND is the IU alone.
         let gather_count = if s.immediate { s.send_sge_count } else { 1 };
-        let need: u32 = send_wqebbs(gather_count)
-            + s.runs
-                .iter()
-                .take(n)
-                .map(|r| 1 + mapping::reg_mr_wqebbs(r.pages))
-                .sum::<u32>();
+        let need = send_wqebbs(gather_count).saturating_add(s.plan.reg_wqebbs);
         if batch.free_wqebbs() < need {
             return Err((FailureKind::ConnectionReset, true));
         }

@@ -79,19 +79,24 @@ pub struct Plan {
     pub runs: usize,
     /// Pages filled in.
     pub pages: usize,
+    /// WQEBBs the runs' registrations can take at post: per run a REG_MR
+    /// ([`reg_mr_wqebbs`]) and the LOCAL_INV `reg_mr` chains in front when
+    /// its MR came back registered. Counted once, by the cut that knows
+    /// the runs, so neither the reservation at prepare nor the room check
+    /// at post walks the runs again.
+    pub reg_wqebbs: u32,
 }
 
 impl Plan {
-    /// Send-queue WQEBBs the command can need: per run a REG_MR (with an
-    /// invalidation chained in front if its MR came back registered) and
-    /// the LOCAL_INV after the response; one SEND for the IU.
+    /// Send-queue WQEBBs the command can need: the registrations
+    /// ([`Plan::reg_wqebbs`]), per run the LOCAL_INV after the response,
+    /// and one SEND for the IU.
     #[must_use]
-    pub fn send_queue_cost(&self, runs: &[Run]) -> u32 {
-        1 + runs
-            .iter()
-            .take(self.runs)
-            .map(|r| 1 + reg_mr_wqebbs(r.pages) + 1)
-            .sum::<u32>()
+    pub fn send_queue_cost(&self) -> u32 {
+        let invalidations = u32::try_from(self.runs).unwrap_or(u32::MAX);
+        self.reg_wqebbs
+            .saturating_add(invalidations)
+            .saturating_add(1)
     }
 }
 
@@ -164,6 +169,7 @@ fn plan_one_segment(
     Some(Plan {
         runs: 1,
         pages: usize::try_from(count).ok()?,
+        reg_wqebbs: 1 + reg_mr_wqebbs(count),
     })
 }
 
@@ -250,6 +256,11 @@ fn plan_general(
     if left > 0 {
         return Err(MapError::ListTooShort);
     }
+    plan.reg_wqebbs = runs
+        .iter()
+        .take(plan.runs)
+        .map(|r| 1 + reg_mr_wqebbs(r.pages))
+        .sum();
     Ok(plan)
 }
 
@@ -437,19 +448,20 @@ mod tests {
         assert_eq!(reg_mr_wqebbs(4), 2);
         assert_eq!(reg_mr_wqebbs(5), 1);
         assert_eq!(reg_mr_wqebbs(256), 1);
-        let runs = [
-            Run {
-                pages: 1,
-                ..Run::default()
-            },
-            Run {
-                pages: 3,
-                ..Run::default()
-            },
-        ];
-        let p = Plan { runs: 2, pages: 4 };
-        assert_eq!(p.send_queue_cost(&runs), 1 + (1 + 1 + 1) + (1 + 2 + 1));
-        assert_eq!(Plan::default().send_queue_cost(&runs), 1);
+        // Two runs: one page, then three (the second segment starts
+        // inside a page, so it cannot continue the first run).
+        let mut pages = [PhysAddr(0); 8];
+        let mut runs = [Run::default(); 4];
+        let sg = [seg(0x1000, 4096), seg(0x20_0800, 8192)];
+        let p = plan(&sg, 4096 + 8192, 8, &mut pages, &mut runs).unwrap();
+        assert_eq!((p.runs, runs[0].pages, runs[1].pages), (2, 1, 3));
+        assert_eq!(p.reg_wqebbs, (1 + 1) + (1 + 2));
+        assert_eq!(p.send_queue_cost(), 1 + (1 + 1 + 1) + (1 + 2 + 1));
+        // The one-segment cut counts its run too.
+        let p = plan(&[seg(0x3000, 3 * 4096)], 3 * 4096, 8, &mut pages, &mut runs).unwrap();
+        assert_eq!((p.runs, p.reg_wqebbs), (1, 1 + 2));
+        assert_eq!(p.send_queue_cost(), 1 + (1 + 2 + 1));
+        assert_eq!(Plan::default().send_queue_cost(), 1);
     }
 
     fn arb_sg() -> impl Strategy<Value = Vec<SgElement>> {
