@@ -735,6 +735,12 @@ impl World {
     /// Hands an outbox's frames to the fabric and its events to the world;
     /// the outbox is left empty.
     pub fn absorb(&mut self, src: usize, out: &mut Outbox) {
+        // Most deliveries send nothing at once (a data packet's ACK, if
+        // any, is queued and sent by the next pass): ~70 instructions per
+        // packet of draining and appending nothing.
+        if out.frames.is_empty() && out.events.is_empty() && out.unroutable == 0 {
+            return;
+        }
         self.stats.dropped_unroutable += core::mem::take(&mut out.unroutable);
         self.events.append(&mut out.events);
         for (dst_gid, mut frame) in out.frames.drain(..) {
