@@ -313,7 +313,7 @@ impl Fabric {
         });
         // A port on an Ethernet link is reachable only through its link.
         if on_fabric {
-            w.gids.insert(gid, idx);
+            w.add_port(gid, idx);
         }
         self.shared.unlock(w);
         Arc::new(SoftHca {

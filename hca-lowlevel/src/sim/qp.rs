@@ -1668,11 +1668,15 @@ impl Qp {
                 }
             }
         }
-        let Some(mut w) = self.write.take() else {
+        // The message state is updated where it is (moved out and back in
+        // per packet, it cost ~40 instructions per packet); every way out
+        // but "more to come" ends it.
+        let Some(w) = self.write.as_mut() else {
             return;
         };
         let n = payload.len() as u64;
         if n > w.remaining || (opc.ends_message() && n != w.remaining) {
+            self.write = None;
             return self.nak_and_error(ctx, psn, NakCode::INVALID_REQUEST, req_err);
         }
         if n > 0 {
@@ -1692,19 +1696,20 @@ impl Qp {
                 .and_then(|mr| mr_write(ctx.mem, mr, w.va, payload))
             });
             if res.is_err() {
+                self.write = None;
                 return self.nak_and_error(ctx, psn, NakCode::REMOTE_ACCESS_ERROR, acc_err);
             }
         }
         w.va = w.va.wrapping_add(n);
         w.remaining -= n;
+        let total = w.total;
         self.epsn = self.epsn.next();
-        if !opc.ends_message() {
-            self.write = Some(w);
-        } else {
+        if opc.ends_message() {
+            self.write = None;
             self.msn = self.msn.wrapping_add(1);
             if let (Some(r), Some(imm)) = (recv, pkt.immdt) {
                 let mut c = self.cqe(CqeOpcode::RespWrImm, 0, r.counter as u16);
-                c.byte_cnt = w.total;
+                c.byte_cnt = total;
                 c.imm_inval_pkey = imm.data;
                 c.solicited = pkt.bth.solicited;
                 if !self.push_cqe(ctx, false, &c) {

@@ -175,6 +175,18 @@ impl<'a> IbPacketRepr<'a> {
     /// for a payload on an opcode without one; [`Error::BadPayloadLength`]
     /// for an ATOMIC WRITE payload other than 8 bytes.
     pub fn check(&self) -> Result<()> {
+        self.check_payload_len(self.payload.len())
+    }
+
+    /// [`Self::check`] of this packet with a payload of `payload_len` bytes
+    /// in place of [`Self::payload`] (a sender whose payload goes by
+    /// reference checks its headers without copying the representation to
+    /// put a stand-in payload in it).
+    ///
+    /// # Errors
+    ///
+    /// Those of [`Self::check`].
+    pub fn check_payload_len(&self, payload_len: usize) -> Result<()> {
         let opcode = self.bth.opcode;
         let wanted = opcode.headers();
         let present = self.present_headers();
@@ -183,11 +195,11 @@ impl<'a> IbPacketRepr<'a> {
                 return Err(err);
             }
         }
-        if !opcode.has_payload() && !self.payload.is_empty() {
+        if !opcode.has_payload() && payload_len != 0 {
             return Err(Error::UnexpectedPayload);
         }
         if let Some(fixed) = opcode.fixed_payload_len() {
-            if self.payload.len() != fixed {
+            if payload_len != fixed {
                 return Err(Error::BadPayloadLength);
             }
         }

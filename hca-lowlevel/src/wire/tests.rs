@@ -671,6 +671,32 @@ proptest! {
     }
 }
 
+proptest! {
+    /// `check_payload_len(n)` is `check` of the same packet with an
+    /// `n`-byte payload, whatever payload the representation holds (a
+    /// by-reference sender checks its headers with an empty one): the
+    /// length rules (none on an opcode without payload, a fixed one on
+    /// ATOMIC WRITE) and the header rules alike.
+    #[test]
+    fn check_payload_len_is_check_with_that_payload(
+        case in arb_packet(),
+        len in prop_oneof![0usize..=16, Just(8usize), 17usize..5000],
+        drop_reth in any::<bool>(),
+    ) {
+        let zeros = vec![0u8; len];
+        let mut held = case.repr();
+        if drop_reth {
+            held.reth = None;
+        }
+        let mut full = held;
+        full.payload = &zeros;
+        prop_assert_eq!(held.check_payload_len(len), full.check());
+        let mut empty = held;
+        empty.payload = &[];
+        prop_assert_eq!(empty.check_payload_len(len), full.check());
+    }
+}
+
 /// Emit a header through its view, parse it back, and compare.
 macro_rules! header_round_trip {
     ($repr:expr, $view:ident, $ty:ident) => {{
