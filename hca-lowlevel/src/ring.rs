@@ -26,8 +26,8 @@ use crate::sync::atomic::AtomicU64;
 use crate::sync::atomic::Ordering;
 use crate::view::FormatError;
 use crate::wqe::{
-    CtrlFlags, CtrlSeg, CtrlSegRepr, DS_SIZE, DataSegRepr, DatagramSegRepr, MAX_DS,
-    MAX_SEND_WQE_BYTES, RegMrSegRepr, SegmentEncoder, SegmentSink, SendOpcode, WQEBB_SIZE,
+    CtrlFlags, CtrlSegRepr, DS_SIZE, DataSegRepr, DatagramSegRepr, MAX_DS, MAX_SEND_WQE_BYTES,
+    RegMrSegRepr, SegmentEncoder, SegmentSink, SendOpcode, WQEBB_SIZE,
 };
 
 /// Why a ring operation failed.
@@ -539,12 +539,6 @@ impl SendWqeWriter<'_> {
         }
     }
 
-    fn put_ctrl(&mut self, at: usize) {
-        let mut seg = [0u8; CtrlSegRepr::LEN];
-        self.ctrl.emit(&mut CtrlSeg::new_unchecked(&mut seg[..]));
-        self.put(at, &seg);
-    }
-
     /// Appends a remote address segment.
     ///
     /// # Errors
@@ -644,7 +638,11 @@ impl SendWqeWriter<'_> {
             return Err(FormatError::WqeTooLarge.into());
         }
         self.ctrl.ds = ds;
-        self.put_ctrl(0);
+        // The control segment as two word stores, straight from its fields
+        // (`CtrlSegRepr::words`, the bytes `emit` would write).
+        let [first, second] = self.ctrl.words();
+        self.put_word(0, first);
+        self.put_word(8, second);
         if self.fault {
             return Err(RingError::Dma(DmaError::OutOfBounds));
         }
