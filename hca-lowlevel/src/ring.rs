@@ -26,8 +26,8 @@ use crate::sync::atomic::AtomicU64;
 use crate::sync::atomic::Ordering;
 use crate::view::FormatError;
 use crate::wqe::{
-    CtrlFlags, CtrlSeg, CtrlSegRepr, DS_SIZE, DataSegRepr, DatagramSegRepr, MAX_DS,
-    MAX_SEND_WQE_BYTES, RegMrSegRepr, SegmentEncoder, SegmentSink, SendOpcode, WQEBB_SIZE,
+    CtrlFlags, CtrlSegRepr, DS_SIZE, DataSegRepr, DatagramSegRepr, MAX_DS, MAX_SEND_WQE_BYTES,
+    RegMrSegRepr, SegmentEncoder, SegmentSink, SendOpcode, WQEBB_SIZE,
 };
 
 /// Why a ring operation failed.
@@ -141,9 +141,13 @@ impl<M: SharedWords> SendRing<M> {
             flags: header.flags,
             imm: header.imm,
         };
+        let ring_words = self.ring_words();
+        let words = self.mem.words();
         let mut w = SendWqeWriter {
-            words: self.mem.words(),
-            ring_words: self.ring_words(),
+            // Exactly the ring (the memory may be longer), so a run of
+            // words that `get` finds does not wrap.
+            words: words.get(..ring_words).unwrap_or(&[]),
+            ring_words,
             start: (counter & (self.wqebb_count - 1)) as usize * (WQEBB_SIZE / 8),
             len: 0,
             room,
@@ -478,6 +482,7 @@ pub struct WqeHeader {
 /// — no zeroed maximum-size staging WQE, no second copy.
 #[derive(Debug)]
 pub struct SendWqeWriter<'r> {
+    /// The ring's words, no more (checked by its geometry).
     words: &'r [AtomicU64],
     ring_words: usize,
     /// First word of the WQE.
@@ -512,9 +517,19 @@ impl SegmentSink for SendWqeWriter<'_> {
     }
 
     /// Stores `bytes` (a multiple of 8 long) at byte `at` of the WQE, one
-    /// 64-bit store per word.
+    /// 64-bit store per word: one room and bound check for the whole
+    /// segment when it lies inside the room and does not wrap (the usual
+    /// case), else word by word.
     #[inline]
     fn put(&mut self, at: usize, bytes: &[u8]) {
+        if let Some(cells) = self.run(at, bytes.len() / 8) {
+            for (cell, chunk) in cells.iter().zip(bytes.chunks_exact(8)) {
+                let mut w = [0u8; 8];
+                w.copy_from_slice(chunk);
+                cell.store(u64::from_ne_bytes(w), Ordering::Relaxed);
+            }
+            return;
+        }
         for (i, chunk) in bytes.chunks_exact(8).enumerate() {
             let mut w = [0u8; 8];
             w.copy_from_slice(chunk);
@@ -523,7 +538,20 @@ impl SegmentSink for SendWqeWriter<'_> {
     }
 }
 
-impl SendWqeWriter<'_> {
+impl<'r> SendWqeWriter<'r> {
+    /// The `n` ring words from byte `at` of the WQE, if they all lie inside
+    /// the room and do not wrap past the ring's last slot.
+    #[inline]
+    fn run(&self, at: usize, n: usize) -> Option<&'r [AtomicU64]> {
+        // `at` is below MAX_SEND_WQE_BYTES and `start` inside the ring
+        // (see `reserve` and `SendRing::wqe_writer`): no overflow.
+        if at + n * 8 > self.room {
+            return None;
+        }
+        let first = self.start + at / 8;
+        self.words.get(first..first + n)
+    }
+
     /// Stores one word at byte `at` of the WQE (wrapping to slot 0), if it
     /// lies inside the room.
     #[inline]
@@ -537,12 +565,6 @@ impl SendWqeWriter<'_> {
             Some(cell) => cell.store(value, Ordering::Relaxed),
             None => self.fault = true,
         }
-    }
-
-    fn put_ctrl(&mut self, at: usize) {
-        let mut seg = [0u8; CtrlSegRepr::LEN];
-        self.ctrl.emit(&mut CtrlSeg::new_unchecked(&mut seg[..]));
-        self.put(at, &seg);
     }
 
     /// Appends a remote address segment.
@@ -644,7 +666,16 @@ impl SendWqeWriter<'_> {
             return Err(FormatError::WqeTooLarge.into());
         }
         self.ctrl.ds = ds;
-        self.put_ctrl(0);
+        // The control segment as two word stores, straight from its fields
+        // (`CtrlSegRepr::words`, the bytes `emit` would write).
+        let [first, second] = self.ctrl.words();
+        if let Some([cell0, cell1]) = self.run(0, 2) {
+            cell0.store(first, Ordering::Relaxed);
+            cell1.store(second, Ordering::Relaxed);
+        } else {
+            self.put_word(0, first);
+            self.put_word(8, second);
+        }
         if self.fault {
             return Err(RingError::Dma(DmaError::OutOfBounds));
         }
@@ -883,6 +914,28 @@ mod tests {
                     (e, g) => panic!("shape {k} at {counter}: staged {e:?}, in place {g:?}"),
                 }
             }
+        }
+    }
+
+    /// In memory longer than the ring, a WQE that runs past the last slot
+    /// still wraps to slot 0 (the writer's whole-segment stores never
+    /// reach the words beyond the ring).
+    #[test]
+    fn in_place_writer_wraps_inside_longer_memory() {
+        let m = mem(8 * 8 + 16);
+        let ring = SendRing::new(&m[..], 8).unwrap();
+        for w in m.iter() {
+            w.store(7, Ordering::Relaxed);
+        }
+        let shape = Shape::Sges(7);
+        let (bytes, ctrl) = staged(shape, 7).unwrap();
+        assert!(bytes.len() > WQEBB_SIZE);
+        assert_eq!(in_place(&ring, shape, 7, 8), Written::Wqe(ctrl, 2));
+        let mut back = vec![0u8; bytes.len()];
+        ring.read_wqe(7, &mut back).unwrap();
+        assert_eq!(back, bytes);
+        for (i, w) in m.iter().enumerate().skip(8 * 8) {
+            assert_eq!(w.load(Ordering::Relaxed), 7, "word {i} past the ring");
         }
     }
 

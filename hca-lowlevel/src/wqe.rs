@@ -282,6 +282,18 @@ impl CtrlSegRepr {
         Self::LEN
     }
 
+    /// The segment as the two native-endian words whose bytes are what
+    /// [`Self::emit`] writes: for a writer that stores whole words (the
+    /// send ring), without a byte buffer between.
+    #[must_use]
+    #[inline]
+    pub fn words(&self) -> [u64; 2] {
+        // Signature and stream are zero; then the flags byte and the
+        // big-endian immediate.
+        let second = (u64::from(self.flags.bits()) << 32) | u64::from(self.imm);
+        [self.doorbell_value().to_be(), second.to_be()]
+    }
+
     /// The 64-bit doorbell value for this WQE: its first 8 bytes, big-endian
     /// (what mlx5 writes to the UAR doorbell register).
     #[must_use]
@@ -809,6 +821,32 @@ impl RegMrSegRepr {
         })
     }
 
+    /// The segment as the four native-endian words whose bytes are what
+    /// [`Self::emit`] writes (for a writer that stores whole words).
+    #[must_use]
+    #[inline]
+    pub fn words(&self) -> [u64; 4] {
+        // Access flags fit a byte by construction of `AccessFlags`.
+        let access = u8::try_from(self.access.bits()).unwrap_or(0);
+        let flags = if self.inline_list {
+            REG_MR_INLINE_LIST
+        } else {
+            0
+        };
+        // mkey, access, page shift, flags, a reserved zero byte.
+        let first = (u64::from(self.mkey) << 32)
+            | (u64::from(access) << 24)
+            | (u64::from(self.page_shift) << 16)
+            | (u64::from(flags) << 8);
+        [
+            first.to_be(),
+            self.iova.to_be(),
+            self.length.to_be(),
+            // The page count, then a reserved zero word.
+            (u64::from(self.npages) << 32).to_be(),
+        ]
+    }
+
     /// Writes the segment.
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, seg: &mut RegMrSeg<T>) {
         seg.set_mkey(self.mkey);
@@ -1289,6 +1327,49 @@ impl SendWqeBuilder {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn word_bytes<const N: usize>(words: [u64; N]) -> alloc::vec::Vec<u8> {
+        words.iter().flat_map(|w| w.to_ne_bytes()).collect()
+    }
+
+    /// The word forms the send ring's writer stores are byte for byte what
+    /// `emit` writes, every field set to a distinct non-zero pattern (and
+    /// each flag both ways).
+    #[test]
+    fn words_match_emit() {
+        for (flags, imm) in [
+            (CtrlFlags::CQ_UPDATE | CtrlFlags::SOLICITED, 0xdead_beef),
+            (CtrlFlags::empty(), 0x0102_0304),
+            (CtrlFlags::all(), u32::MAX),
+        ] {
+            let ctrl = CtrlSegRepr {
+                opcode: SendOpcode::SendImm,
+                opmod: 0x5a,
+                wqe_index: 0x1234,
+                qpn: 0xab_cdef,
+                ds: 7,
+                flags,
+                imm,
+            };
+            let mut b = [0xffu8; CtrlSegRepr::LEN];
+            ctrl.emit(&mut CtrlSeg::new_unchecked(&mut b[..]));
+            assert_eq!(word_bytes(ctrl.words()), b.to_vec());
+        }
+        for inline_list in [true, false] {
+            let reg = RegMrSegRepr {
+                mkey: 0x1122_3344,
+                access: AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ,
+                page_shift: 21,
+                inline_list,
+                iova: 0x0102_0304_0506_0708,
+                length: 0x1112_1314_1516_1718,
+                npages: 0x2122_2324,
+            };
+            let mut b = [0xffu8; RegMrSegRepr::LEN];
+            reg.emit(&mut RegMrSeg::new_unchecked(&mut b[..]));
+            assert_eq!(word_bytes(reg.words()), b.to_vec());
+        }
+    }
 
     #[test]
     fn ctrl_golden_bytes() {

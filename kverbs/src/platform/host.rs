@@ -435,10 +435,12 @@ fn push_held_on(t: &ThreadState, id: usize) {
 /// release that is not the innermost (or of a lock not held).
 #[inline]
 fn pop_held_on(t: &ThreadState, id: usize) {
-    let depth = t.held_depth.get().min(STACK_DEPTH);
-    // The common case: the innermost lock is released (LIFO).
-    if depth > 0 && t.held.get(depth - 1).map(Cell::get) == Some(id) {
-        t.held_depth.set(depth - 1);
+    let depth = t.held_depth.get();
+    // The common case: the innermost lock is released (LIFO). An empty
+    // stack (`depth - 1` wraps) or one deeper than recorded finds no slot
+    // and takes the slow path, which clamps the depth.
+    if t.held.get(depth.wrapping_sub(1)).map(Cell::get) == Some(id) {
+        t.held_depth.set(depth.wrapping_sub(1));
         return;
     }
     pop_held_out_of_order(t, id, depth);
@@ -446,6 +448,12 @@ fn pop_held_on(t: &ThreadState, id: usize) {
 
 #[cold]
 fn pop_held_out_of_order(t: &ThreadState, id: usize, depth: usize) {
+    let depth = depth.min(STACK_DEPTH);
+    // Deeper than the stack records: its top slot may still be the lock.
+    if depth > 0 && t.held.get(depth - 1).map(Cell::get) == Some(id) {
+        t.held_depth.set(depth - 1);
+        return;
+    }
     let position = (0..depth)
         .rev()
         .find(|&i| t.held.get(i).map(Cell::get) == Some(id));
@@ -1934,6 +1942,48 @@ mod tests {
             foreign_dpc_placement: ForeignDpcPlacement::AwakeThread,
             ..HostConfig::default()
         })
+    }
+
+    fn fresh_thread_state() -> ThreadState {
+        ThreadState {
+            irql: Cell::new(0),
+            verifier: Cell::new(None),
+            role: Cell::new(ThreadRole::Test),
+            cpu: Cell::new(None),
+            raises: [const { Cell::new(0) }; STACK_DEPTH],
+            raise_depth: Cell::new(0),
+            held: [const { Cell::new(0) }; STACK_DEPTH],
+            held_depth: Cell::new(0),
+            in_device: Cell::new(false),
+        }
+    }
+
+    /// The held-lock stack through its fast (innermost) and slow pops:
+    /// out of order, on an empty stack, and deeper than it records.
+    #[test]
+    fn held_lock_stack_pops() {
+        let t = fresh_thread_state();
+        for id in [1, 2, 3] {
+            push_held_on(&t, id);
+        }
+        pop_held_on(&t, 3);
+        assert_eq!(t.held_depth.get(), 2);
+        pop_held_on(&t, 1); // Out of order: 2 moves down.
+        assert_eq!(t.held_depth.get(), 1);
+        assert_eq!(t.held[0].get(), 2);
+        pop_held_on(&t, 2);
+        assert_eq!(t.held_depth.get(), 0);
+        pop_held_on(&t, 2); // Not held: the depth stays 0.
+        assert_eq!(t.held_depth.get(), 0);
+        for id in 1..=STACK_DEPTH + 2 {
+            push_held_on(&t, id);
+        }
+        assert_eq!(t.held_depth.get(), STACK_DEPTH + 2);
+        // Past the recorded stack: its top slot still matches.
+        pop_held_on(&t, STACK_DEPTH);
+        assert_eq!(t.held_depth.get(), STACK_DEPTH - 1);
+        pop_held_on(&t, STACK_DEPTH - 1);
+        assert_eq!(t.held_depth.get(), STACK_DEPTH - 2);
     }
 
     /// Marks processor `cpu`'s DPC thread asleep (or awake) as
