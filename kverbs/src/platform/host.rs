@@ -248,8 +248,10 @@ struct ThreadState {
     in_device: Cell<bool>,
 }
 
-thread_local! {
-    static THREAD: ThreadState = const {
+impl ThreadState {
+    /// A thread's state before it does anything: PASSIVE_LEVEL, no
+    /// verifier, nothing raised or held.
+    const fn new() -> Self {
         ThreadState {
             irql: Cell::new(0),
             verifier: Cell::new(None),
@@ -261,7 +263,11 @@ thread_local! {
             held_depth: Cell::new(0),
             in_device: Cell::new(false),
         }
-    };
+    }
+}
+
+thread_local! {
+    static THREAD: ThreadState = const { ThreadState::new() };
 }
 
 /// Runs `f` on this thread's state; `None` while the thread is being torn
@@ -1944,25 +1950,11 @@ mod tests {
         })
     }
 
-    fn fresh_thread_state() -> ThreadState {
-        ThreadState {
-            irql: Cell::new(0),
-            verifier: Cell::new(None),
-            role: Cell::new(ThreadRole::Test),
-            cpu: Cell::new(None),
-            raises: [const { Cell::new(0) }; STACK_DEPTH],
-            raise_depth: Cell::new(0),
-            held: [const { Cell::new(0) }; STACK_DEPTH],
-            held_depth: Cell::new(0),
-            in_device: Cell::new(false),
-        }
-    }
-
     /// The held-lock stack through its fast (innermost) and slow pops:
     /// out of order, on an empty stack, and deeper than it records.
     #[test]
     fn held_lock_stack_pops() {
-        let t = fresh_thread_state();
+        let t = ThreadState::new();
         for id in [1, 2, 3] {
             push_held_on(&t, id);
         }
