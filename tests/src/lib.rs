@@ -84,7 +84,10 @@ pub fn cm_timing() -> CmTiming {
     }
 }
 
-fn initiator_cm_config() -> CmConfig {
+/// The initiator's CM settings ([`cm_timing`], room for every channel):
+/// for tests that build the initiator end themselves.
+#[must_use]
+pub fn initiator_cm_config() -> CmConfig {
     let t = cm_timing();
     CmConfig {
         packet_lifetime: t.packet_lifetime,
