@@ -389,6 +389,11 @@ pub trait Transport: Send + Sync + 'static {
     /// Disconnects and flushes: when it returns every command and TMF has
     /// been completed and no upcall will follow until the next `start`.
     ///
+    /// Call it before dropping a started transport (the miniport core
+    /// does). A started SRP transport dropped without it completes none of
+    /// its commands in flight, and its connections stay up until the target
+    /// ends them (`tests/tests/srp_teardown.rs`).
+    ///
     /// # IRQL
     /// `PASSIVE_LEVEL` (the passive worker); may block, bounded.
     fn stop(&self, irql: &Passive<'_>);
