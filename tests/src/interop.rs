@@ -25,7 +25,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hca_lowlevel::sim::{Fabric, LinkStats, SoftHca};
-use kverbs::cm::{CmError, CmPort};
+use kverbs::cm::CmPort;
 use kverbs::device::Device;
 use kverbs::irql::Passive;
 use kverbs_tools::bench::linux_vm::vm_initiator_hca;
@@ -822,24 +822,7 @@ impl<T: InteropEngine> Interop<T> {
     /// On any failed check.
     pub fn finish(mut self, p: &Passive<'_>) {
         self.model.free_adapter(p);
-        self.cm.close(p);
-        let quiet = wait_until(Duration::from_secs(30), || {
-            self.cm.pending_consumers(p) == (0, 0) && self.cm.connections_in_use(p) == 0
-        });
-        assert!(
-            quiet,
-            "CM consumers left: {:?}, connections in use {}, {:?}",
-            self.cm.pending_consumers(p),
-            self.cm.connections_in_use(p),
-            self.cm.stats(p)
-        );
-        let released = wait_until(Duration::from_secs(30), || match self.cm.release(p) {
-            Ok(()) => true,
-            Err(CmError::Busy) => false,
-            Err(e) => panic!("CM release: {e:?}"),
-        });
-        assert!(released, "CM port not released");
-        self.device.close(p);
+        crate::close_initiator(&self.cm, &self.device, p);
         let Interop { model, fabric, .. } = self;
         model.finish();
         drop(fabric);

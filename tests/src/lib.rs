@@ -697,27 +697,41 @@ impl Stack {
                     }
                 }
             }
-            self.cm.close(p);
-            let quiet = self.wait_until(Duration::from_secs(30), || {
-                self.cm.pending_consumers(p) == (0, 0) && self.cm.connections_in_use(p) == 0
-            });
-            assert!(
-                quiet,
-                "CM consumers left: {:?}",
-                self.cm.pending_consumers(p)
-            );
-            let released = self.wait_until(Duration::from_secs(30), || match self.cm.release(p) {
-                Ok(()) => true,
-                Err(CmError::Busy) => false,
-                Err(e) => panic!("CM release: {e:?}"),
-            });
-            assert!(released, "CM port not released");
-            self.device.close(p);
+            close_initiator(&self.cm, &self.device, p);
         });
         let Stack { model, fabric, .. } = self;
         model.finish();
         drop(fabric);
     }
+}
+
+/// Closes the initiator's CM port and device, as every teardown does: the
+/// CM closes, its consumers and connections drain, the port releases, the
+/// device closes.
+///
+/// # Panics
+/// If the CM keeps a consumer or a connection, or will not release, for
+/// 30 s each.
+pub fn close_initiator(cm: &CmPort<Hp>, device: &Device<Hp>, p: &Passive<'_>) {
+    cm.close(p);
+    let quiet = kverbs_tools::bench::rdma::wait_until(Duration::from_secs(30), || {
+        cm.pending_consumers(p) == (0, 0) && cm.connections_in_use(p) == 0
+    });
+    assert!(
+        quiet,
+        "CM consumers left: {:?}, connections in use {}, {:?}",
+        cm.pending_consumers(p),
+        cm.connections_in_use(p),
+        cm.stats(p)
+    );
+    let released =
+        kverbs_tools::bench::rdma::wait_until(Duration::from_secs(30), || match cm.release(p) {
+            Ok(()) => true,
+            Err(CmError::Busy) => false,
+            Err(e) => panic!("CM release: {e:?}"),
+        });
+    assert!(released, "CM port not released");
+    device.close(p);
 }
 
 /// Read or write.

@@ -24,18 +24,20 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use hca_lowlevel::sim::{ExecMode, Fabric, FabricConfig, HcaConfig, SoftHca};
-use kverbs::cm::{CmError, CmPort, CmPortConfig};
+use kverbs::cm::{CmPort, CmPortConfig};
 use kverbs::device::{Device, DeviceConfig};
 use kverbs::hostdev::VerifiedHca;
 use kverbs::irql::{Dispatch, Passive};
 use kverbs::platform::host::{HostPlatform, VerifierAllocator};
 use kverbs_tests::srp_target::{Misbehaviour, Selector};
 use kverbs_tests::{
-    INITIATOR_IP, SrpTarget, StackConfig, TargetSetup, initiator_cm_config, target_ip,
+    INITIATOR_IP, SrpTarget, StackConfig, TargetSetup, close_initiator, initiator_cm_config,
+    target_ip,
 };
+use kverbs_tools::bench::rdma::wait_until;
 use storport_srp::miniport::transport::{
     CommandOutcome, CommandResult, ImmediateData, Lun, ScsiCommand, Tag, TargetState, TmfResponse,
     Transport, TransportEvents, Upcalls,
@@ -135,18 +137,6 @@ impl ImmediateData for NoData {
     fn read(&self, _offset: u32, _out: &mut [u8]) -> Result<(), DataAccessError> {
         Err(DataAccessError::OutOfBounds)
     }
-}
-
-/// Polls `cond` until it holds or `timeout` passes (real time).
-fn wait_until(timeout: Duration, cond: impl Fn() -> bool) -> bool {
-    let start = Instant::now();
-    while !cond() {
-        if start.elapsed() > timeout {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    true
 }
 
 /// The initiator's device and CM and one software target, as
@@ -310,22 +300,7 @@ impl Ends {
                 panic!("target stop: {e}");
             }
         }
-        self.cm.close(p);
-        assert!(
-            wait_until(Duration::from_secs(30), || {
-                self.cm.pending_consumers(p) == (0, 0) && self.cm.connections_in_use(p) == 0
-            }),
-            "CM consumers left: {:?}, connections in use {}",
-            self.cm.pending_consumers(p),
-            self.cm.connections_in_use(p)
-        );
-        let released = wait_until(Duration::from_secs(30), || match self.cm.release(p) {
-            Ok(()) => true,
-            Err(CmError::Busy) => false,
-            Err(e) => panic!("CM release: {e:?}"),
-        });
-        assert!(released, "CM port not released");
-        self.device.close(p);
+        close_initiator(&self.cm, &self.device, p);
     }
 }
 
