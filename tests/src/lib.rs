@@ -84,10 +84,7 @@ pub fn cm_timing() -> CmTiming {
     }
 }
 
-/// The initiator's CM settings ([`cm_timing`], room for every channel):
-/// for tests that build the initiator end themselves.
-#[must_use]
-pub fn initiator_cm_config() -> CmConfig {
+fn initiator_cm_config() -> CmConfig {
     let t = cm_timing();
     CmConfig {
         packet_lifetime: t.packet_lifetime,
@@ -270,25 +267,7 @@ impl Stack {
             mem_limit: config.initiator_memory,
             ..HcaConfig::new(INITIATOR_IP)
         });
-        let device = Device::open(
-            &platform,
-            VerifiedHca::new(initiator.clone()),
-            DeviceConfig::default(),
-            p,
-        )
-        .map_err(|e| err("initiator device", &e))?;
-        let cm = CmPort::create(
-            &device,
-            1,
-            CmPortConfig {
-                cm: initiator_cm_config(),
-                recv_buffers: 128,
-                send_buffers: 128,
-                trace: None,
-            },
-            p,
-        )
-        .map_err(|e| err("initiator CM", &e))?;
+        let (device, cm) = open_initiator(&platform, &initiator, p)?;
         let mut targets = Vec::new();
         for (i, setup) in config.targets.iter().enumerate() {
             let hca = fabric.add_hca(HcaConfig::new(target_ip(i)));
@@ -703,6 +682,39 @@ impl Stack {
         model.finish();
         drop(fabric);
     }
+}
+
+/// Opens the initiator's device on `hca` and its CM port (port 1, the
+/// tests' CM timing, room for every channel), as every stack does.
+///
+/// # Errors
+/// [`SetupError`] naming what failed.
+pub fn open_initiator(
+    platform: &Hp,
+    hca: &Arc<SoftHca>,
+    p: &Passive<'_>,
+) -> Result<(Device<Hp>, CmPort<Hp>), SetupError> {
+    let err = |what: &str, e: &dyn std::fmt::Debug| SetupError(format!("{what}: {e:?}"));
+    let device = Device::open(
+        platform,
+        VerifiedHca::new(hca.clone()),
+        DeviceConfig::default(),
+        p,
+    )
+    .map_err(|e| err("initiator device", &e))?;
+    let cm = CmPort::create(
+        &device,
+        1,
+        CmPortConfig {
+            cm: initiator_cm_config(),
+            recv_buffers: 128,
+            send_buffers: 128,
+            trace: None,
+        },
+        p,
+    )
+    .map_err(|e| err("initiator CM", &e))?;
+    Ok((device, cm))
 }
 
 /// Closes the initiator's CM port and device, as every teardown does: the

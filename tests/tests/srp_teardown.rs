@@ -27,15 +27,13 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
 
 use hca_lowlevel::sim::{ExecMode, Fabric, FabricConfig, HcaConfig, SoftHca};
-use kverbs::cm::{CmPort, CmPortConfig};
-use kverbs::device::{Device, DeviceConfig};
-use kverbs::hostdev::VerifiedHca;
+use kverbs::cm::CmPort;
+use kverbs::device::Device;
 use kverbs::irql::{Dispatch, Passive};
 use kverbs::platform::host::{HostPlatform, VerifierAllocator};
 use kverbs_tests::srp_target::{Misbehaviour, Selector};
 use kverbs_tests::{
-    INITIATOR_IP, SrpTarget, StackConfig, TargetSetup, close_initiator, initiator_cm_config,
-    target_ip,
+    INITIATOR_IP, SrpTarget, StackConfig, TargetSetup, close_initiator, open_initiator, target_ip,
 };
 use kverbs_tools::bench::rdma::wait_until;
 use storport_srp::miniport::transport::{
@@ -154,25 +152,8 @@ fn build_ends(platform: &HostPlatform, fabric: &Fabric, p: &Passive<'_>) -> Ends
         mem_limit: 64 << 20,
         ..HcaConfig::new(INITIATOR_IP)
     });
-    let device = Device::open(
-        platform,
-        VerifiedHca::new(initiator.clone()),
-        DeviceConfig::default(),
-        p,
-    )
-    .unwrap_or_else(|e| panic!("initiator device: {e:?}"));
-    let cm = CmPort::create(
-        &device,
-        1,
-        CmPortConfig {
-            cm: initiator_cm_config(),
-            recv_buffers: 128,
-            send_buffers: 128,
-            trace: None,
-        },
-        p,
-    )
-    .unwrap_or_else(|e| panic!("initiator CM: {e:?}"));
+    let (device, cm) =
+        open_initiator(platform, &initiator, p).unwrap_or_else(|e| panic!("initiator: {e:?}"));
     let target_hca = fabric.add_hca(HcaConfig::new(target_ip(0)));
     let target = SrpTarget::start_on_hca(
         platform,
