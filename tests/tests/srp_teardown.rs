@@ -1,26 +1,22 @@
 //! The SRP transport dropped without `stop()`.
 //!
 //! The miniport core always stops a transport before it drops it, so the
-//! other tests never drop a live one. The engine documents (`ConnRegistry`
-//! in `storport-srp/src/srp/engine.rs`) that dropping the handle drops the
-//! registry and its connection links, and with them the engine: nothing
-//! keeps it in a cycle. These tests build the transport directly (outside
-//! the StorPort model) on the software HCA, with live channels to the
-//! software target and an event sink that counts upcalls with atomics
-//! only (upcalls run at `DISPATCH_LEVEL`, where the verifier's allocator
-//! fails any allocation), drop the live handle, and check what a user
-//! would expect: no panic, no hang, the engine gone, no upcall reaching a
-//! freed object, commands completed at most once, and the initiator's CM
-//! and device closing and releasing as in `Stack::finish`.
-//!
-//! Known defect, not checked here: the drop does not disconnect. Each
-//! channel's CM connection stays in use on the initiator, and the target
-//! keeps the channel live, until the target disconnects (here: when it is
-//! stopped, in `finish`). The test that shows it (it fails, every run) is
-//! `bug_h73_dropped_transport_leaves_its_channels_connected` on branch
-//! `drop-test-bug`; it belongs here once dropping a live transport tears its
-//! connections down. Commands in flight at the drop are never completed:
-//! only `stop()` completes them (the miniport core always calls it).
+//! other tests never drop a live one. A library user may: dropping a
+//! started `SrpTransport` queues the stop on the engine's passive worker
+//! (see its `Drop` and `ConnRegistry` in
+//! `storport-srp/src/srp/engine.rs`), which disconnects every channel,
+//! completes whatever was in flight, and then lets the engine go. These
+//! tests build the transport directly (outside the StorPort model) on the
+//! software HCA, with live channels to the software target and an event
+//! sink that counts upcalls with atomics only (upcalls run at
+//! `DISPATCH_LEVEL`, where the verifier's allocator fails any
+//! allocation), drop the live handle, and check what a user would expect:
+//! no panic, no hang, the engine gone within a bounded wait, no upcall
+//! reaching a freed object, the target's channels gone and the
+//! initiator's CM connections released before the target is stopped,
+//! every command in flight at the drop completed exactly once (failed by
+//! the transport, never GOOD), and the initiator's CM and device closing
+//! and releasing as in `Stack::finish`.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -31,6 +27,7 @@ use kverbs::cm::CmPort;
 use kverbs::device::Device;
 use kverbs::irql::{Dispatch, Passive};
 use kverbs::platform::host::{HostPlatform, VerifierAllocator};
+use kverbs::sync::with_dispatch;
 use kverbs_tests::srp_target::{Misbehaviour, Selector};
 use kverbs_tests::{
     INITIATOR_IP, SrpTarget, StackConfig, TargetSetup, close_initiator, open_initiator, target_ip,
@@ -55,6 +52,8 @@ struct CountingEvents {
     done: [AtomicU32; TAGS],
     /// Completions with SCSI status GOOD.
     good: AtomicU32,
+    /// Completions the transport failed ([`CommandOutcome::Failed`]).
+    failed: AtomicU32,
     /// Completions for a tag outside `0..TAGS` (never posted).
     stray: AtomicU32,
     tmf: AtomicU32,
@@ -72,6 +71,7 @@ impl CountingEvents {
         CountingEvents {
             done: std::array::from_fn(|_| AtomicU32::new(0)),
             good: AtomicU32::new(0),
+            failed: AtomicU32::new(0),
             stray: AtomicU32::new(0),
             tmf: AtomicU32::new(0),
             live: AtomicU32::new(0),
@@ -104,8 +104,14 @@ impl TransportEvents for CountingEvents {
                 self.stray.fetch_add(1, Ordering::AcqRel);
             }
         }
-        if result.outcome == CommandOutcome::Scsi(0) {
-            self.good.fetch_add(1, Ordering::AcqRel);
+        match result.outcome {
+            CommandOutcome::Scsi(0) => {
+                self.good.fetch_add(1, Ordering::AcqRel);
+            }
+            CommandOutcome::Failed(_) => {
+                self.failed.fetch_add(1, Ordering::AcqRel);
+            }
+            _ => {}
         }
     }
 
@@ -256,10 +262,26 @@ impl Ends {
         events: &CountingEvents,
         p: &Passive<'_>,
     ) {
+        self.drop_live_at(transport, events, DropAt::Passive, p);
+    }
+
+    /// As `drop_live`, with the handle dropped at `level`.
+    fn drop_live_at(
+        &self,
+        transport: SrpTransport<HostPlatform>,
+        events: &CountingEvents,
+        level: DropAt,
+        p: &Passive<'_>,
+    ) {
         let probe: EngineProbe<HostPlatform> = transport.engine_probe();
         assert!(transport.open_connections(p) > 0, "nothing live to drop");
         events.dropped.store(true, Ordering::Release);
-        drop(transport);
+        match level {
+            DropAt::Passive => drop(transport),
+            // As from a DPC: the verifier fails the test if the drop
+            // blocks, and `with_fabric` if it allocates.
+            DropAt::Dispatch => with_dispatch::<HostPlatform, _, _>(p, |_d| drop(transport)),
+        }
         assert!(
             wait_until(Duration::from_secs(30), || !probe.is_alive()),
             "the SRP engine outlived its dropped transport handle"
@@ -365,22 +387,89 @@ fn transport_dropped_with_commands_in_flight() {
             "the target did not receive the commands: {:?}",
             target.counters()
         );
+        assert_eq!(
+            (1..=in_flight as usize)
+                .map(|t| events.done_count(t))
+                .sum::<u32>(),
+            0,
+            "a command completed before the drop"
+        );
         ends.drop_live(transport, &events, p);
         after_drop = events.after_drop.load(Ordering::Acquire);
         ends.finish(p);
     });
-    // Exactly once still holds for whatever completes: at most one upcall
-    // per tag (a dropped engine owes the in-flight commands nothing more:
-    // only `stop()` completes them; today none completes after the drop).
+    // The engine is gone (`drop_live`), and with it every upcall: the
+    // counts are final. The teardown completed each command in flight
+    // exactly once, and none of them as GOOD (the target never answered).
     assert_eq!(events.done_count(0), 1);
-    for tag in 1..=in_flight as usize {
-        assert!(events.done_count(tag) <= 1, "tag {tag} completed twice");
-    }
+    let counts: Vec<u32> = (1..=in_flight as usize)
+        .map(|t| events.done_count(t))
+        .collect();
+    assert!(
+        counts.iter().all(|&n| n == 1),
+        "completions per command in flight at the drop: {counts:?}"
+    );
+    assert_eq!(
+        events.good.load(Ordering::Acquire),
+        1,
+        "only the command before the drop completed GOOD"
+    );
+    assert_eq!(
+        events.failed.load(Ordering::Acquire),
+        in_flight,
+        "each command in flight failed by the transport"
+    );
     assert_eq!(events.stray.load(Ordering::Acquire), 0);
-    let completed_after: u32 = (1..=in_flight as usize).map(|t| events.done_count(t)).sum();
-    eprintln!(
-        "in flight at the drop: {in_flight}; completed afterwards: {completed_after}; \
-         upcalls after the drop: {after_drop}"
+    eprintln!("in flight at the drop: {in_flight}; upcalls after the drop: {after_drop}");
+    assert_eq!(Arc::strong_count(&events), 1, "the engine's Upcalls freed");
+}
+
+/// Where a test drops the handle.
+#[derive(Debug, Clone, Copy)]
+enum DropAt {
+    Passive,
+    Dispatch,
+}
+
+/// A dropped handle disconnects its channels: the initiator's CM lets go
+/// of every connection and the target sees its channels go, both before
+/// the target is stopped (which would end them from its side).
+fn dropped_transport_disconnects_its_channels(level: DropAt) {
+    let events = Arc::new(CountingEvents::new());
+    let mut report = None;
+    with_fabric(|platform, fabric, p| {
+        let ends = build_ends(platform, fabric, p);
+        let transport = ends.start_transport(&events, 2, p);
+        ends.drop_live_at(transport, &events, level, p);
+        let target = ends.target();
+        let gone = wait_until(Duration::from_secs(30), || {
+            target.live_channels() == 0 && ends.cm.connections_in_use(p) == 0
+        });
+        if !gone {
+            report = Some(format!(
+                "target live channels {}, initiator CM connections in use {}, CM consumers {:?}",
+                target.live_channels(),
+                ends.cm.connections_in_use(p),
+                ends.cm.pending_consumers(p)
+            ));
+        }
+        // Tear down anyway (the target's stop disconnects), so the test
+        // fails on the check above, not on a hang.
+        ends.finish(p);
+    });
+    assert_eq!(
+        report, None,
+        "30 s after dropping a live transport at {level:?}"
     );
     assert_eq!(Arc::strong_count(&events), 1, "the engine's Upcalls freed");
+}
+
+#[test]
+fn dropped_live_transport_disconnects_its_channels() {
+    dropped_transport_disconnects_its_channels(DropAt::Passive);
+}
+
+#[test]
+fn dropped_at_dispatch_level_disconnects_its_channels() {
+    dropped_transport_disconnects_its_channels(DropAt::Dispatch);
 }

@@ -390,9 +390,12 @@ pub trait Transport: Send + Sync + 'static {
     /// been completed and no upcall will follow until the next `start`.
     ///
     /// Call it before dropping a started transport (the miniport core
-    /// does). A started SRP transport dropped without it completes none of
-    /// its commands in flight, and its connections stay up until the target
-    /// ends them (`tests/tests/srp_teardown.rs`).
+    /// does): it is the synchronous teardown. A started SRP transport
+    /// dropped without it runs the same stop asynchronously on its passive
+    /// worker (the drop neither blocks nor allocates): its connections end
+    /// and its commands in flight complete once, with a failure, shortly
+    /// after the drop rather than before it returns
+    /// (`tests/tests/srp_teardown.rs`).
     ///
     /// # IRQL
     /// `PASSIVE_LEVEL` (the passive worker); may block, bounded.

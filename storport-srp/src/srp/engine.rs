@@ -19,7 +19,8 @@
 //!
 //! # IRQL
 //! `new`, `start` and `stop` run at `PASSIVE_LEVEL`; everything else at
-//! <= `DISPATCH_LEVEL`, without allocation.
+//! <= `DISPATCH_LEVEL`, without allocation. Dropping a started handle
+//! queues `stop` on the engine's worker (see [`SrpTransport`]).
 
 use alloc::boxed::Box;
 use alloc::sync::{Arc, Weak};
@@ -1205,6 +1206,54 @@ impl<P: Platform> Engine<P> {
             .upgrade()
             .map_or(0, |registry| registry.links.lock(irql).len())
     }
+
+    /// Stops every target: disconnects and flushes its channels, waits
+    /// (bounded) for the connections to be released and the slow path to
+    /// go quiet, and resets the channels, which completes every command
+    /// and TMF still outstanding. [`Transport::stop`], and the teardown of
+    /// a started handle dropped without it ([`SrpTransport`]'s `Drop`).
+    ///
+    /// # IRQL
+    /// `PASSIVE_LEVEL`: waits, bounded (`STOP_WAIT`).
+    fn shut_down(&self, irql: &Passive<'_>) {
+        for t in self.targets.iter() {
+            let actions = {
+                let mut ctl = t.ctl.lock(irql);
+                ctl.running = false;
+                ctl.attempt = None;
+                let a = ctl.recovery.stop();
+                t.mirror(&ctl.recovery);
+                a
+            };
+            t.timer.cancel(irql);
+            self.apply(t, actions, irql);
+            t.timer.cancel(irql);
+        }
+        self.running.store(false, Ordering::Release);
+        // Bounded wait: every teardown step is bounded (CM disconnect does
+        // not wait for the peer; flush and destroy are local).
+        let step = Duration::from_millis(1);
+        let mut waited = Duration::ZERO;
+        while waited < STOP_WAIT {
+            let idle = self.conns_alive(irql) == 0
+                && self.slow.as_ref().is_none_or(|q| q.in_use(irql) == 0)
+                && self
+                    .targets
+                    .iter()
+                    .all(|t| t.channels.iter().all(|c| c.is_idle(irql)));
+            if idle {
+                break;
+            }
+            self.device.platform().delay(step, irql);
+            waited += step;
+        }
+        for t in self.targets.iter() {
+            t.timer.cancel(irql);
+            for ch in t.channels.iter() {
+                ch.state.lock(irql).reset_after_stop(&ch.sq);
+            }
+        }
+    }
 }
 
 /// The connections an engine built and has not released yet, each as a
@@ -1214,22 +1263,116 @@ impl<P: Platform> Engine<P> {
 /// The transport handle ([`SrpTransport`]) owns the registry; the engine
 /// refers to it weakly. A link's strong engine reference therefore makes
 /// no cycle the handle cannot end: the engine lives while the handle does
-/// (as before) or a link is in use, and when the handle is dropped the
-/// registry and every link still in it are dropped with it — an ordinary
-/// drop of the vector, with no lock and no IRQL to take — which lets the
-/// engine go too. A connection leaves the registry when its objects are
-/// released (`release_conn`) or forgotten (`forget_conn`); from then on no
-/// handler of it reaches the engine.
+/// (as before) or a link is in use. A handle dropped stopped (or never
+/// started) drops the registry and every link still in it with it — an
+/// ordinary drop of the vector, with no lock and no IRQL to take — which
+/// lets the engine go too. A handle dropped started hands its registry
+/// and engine to the teardown ([`DropTeardown`]), which holds both until
+/// the stop it runs has released every connection, then drops them on the
+/// worker. A connection leaves the registry when its objects are released
+/// (`release_conn`) or forgotten (`forget_conn`); from then on no handler
+/// of it reaches the engine.
 pub(crate) struct ConnRegistry<P: Platform> {
     links: SpinLock<Vec<Arc<ConnLink<P>>>, P>,
 }
 
+/// A started transport whose handle was dropped without
+/// [`Transport::stop`]: the engine and its connections, kept alive by the
+/// teardown request until the stop has run.
+pub(crate) struct Orphan<P: Platform> {
+    engine: Arc<Engine<P>>,
+    conns: Arc<ConnRegistry<P>>,
+}
+
+/// Runs a dropped started handle's stop on the engine's own worker (see
+/// [`SrpTransport`]'s `Drop`), then lets the engine go there, at
+/// `PASSIVE_LEVEL`.
+pub(crate) struct DropTeardown<P: Platform>(core::marker::PhantomData<fn() -> P>);
+
+impl<P: Platform> WorkHandler for DropTeardown<P> {
+    type Request = Orphan<P>;
+    type Output = ();
+
+    fn execute(&self, orphan: Orphan<P>, irql: &Passive<'_>) {
+        let Orphan { engine, conns } = orphan;
+        // As `stop()`: disconnect, flush, release (waits, bounded), and
+        // complete whatever was in flight. No upcall follows it.
+        engine.shut_down(irql);
+        // Links still registered after the bounded wait go first; the last
+        // reference to the engine is normally this one, dropped here, at
+        // PASSIVE_LEVEL.
+        drop(conns);
+        drop(engine);
+    }
+
+    fn complete(&self, outcome: Outcome<Orphan<P>, ()>, _irql: AnyIrql<'_, '_>) {
+        // `Done`: nothing is left. `Cancelled` cannot happen (nothing shuts
+        // the queue down); were it to, the orphan drops here, as a handle
+        // dropped without this teardown did.
+        drop(outcome);
+    }
+}
+
 /// The SRP initiator engine: a [`Transport`] for the miniport core.
+///
+/// Dropping a started handle without [`Transport::stop`] stops it anyway,
+/// asynchronously: the drop (at any IRQL <= `DISPATCH_LEVEL`; it neither
+/// blocks nor allocates) queues the stop on the engine's passive worker
+/// with a request slot reserved for it at creation. Until that has run,
+/// the connections still exist; then every channel has been disconnected,
+/// every command and TMF in flight at the drop has completed once (as
+/// `stop()` completes them), and no upcall follows.
 pub struct SrpTransport<P: Platform> {
     engine: Arc<Engine<P>>,
     /// The engine's live connections (see [`ConnRegistry`]): dropped with
-    /// the handle.
-    _conns: Arc<ConnRegistry<P>>,
+    /// the handle, or handed to the teardown.
+    conns: Arc<ConnRegistry<P>>,
+    /// One slot, for the teardown of a handle dropped started.
+    drop_teardown: RequestQueue<P, DropTeardown<P>>,
+}
+
+impl<P: Platform> Drop for SrpTransport<P> {
+    /// # IRQL
+    /// <= `DISPATCH_LEVEL`; never blocks, never allocates.
+    fn drop(&mut self) {
+        if !self.engine.running.load(Ordering::Acquire) {
+            // Never started, or stopped: nothing is connected.
+            return;
+        }
+        let orphan = Orphan {
+            engine: Arc::clone(&self.engine),
+            conns: Arc::clone(&self.conns),
+        };
+        // A drop has no IRQL token: raise for the submission.
+        let rejected = raised_to_dispatch::<P, _>(|d| {
+            self.drop_teardown
+                .submit(orphan, CompleteAt::Passive, d)
+                .err()
+        });
+        // Not reached (one slot, used once, never shut down). Were it, the
+        // handle's references would go as a plain drop's do.
+        drop(rejected);
+    }
+}
+
+/// Runs `f` at `DISPATCH_LEVEL` from a context that holds no IRQL token
+/// (a `Drop`).
+///
+/// # IRQL
+/// <= `DISPATCH_LEVEL`.
+fn raised_to_dispatch<P: Platform, R>(f: impl for<'t> FnOnce(&Dispatch<'t>) -> R) -> R {
+    // SAFETY: lowered below, after `f` returns (LIFO: `f` undoes its own
+    // raises); the caller runs at <= DISPATCH_LEVEL (contract above).
+    let old = unsafe { P::raise_to_dispatch() };
+    let result = {
+        // SAFETY: the raise above holds this processor at DISPATCH_LEVEL
+        // until the lower below; the token does not outlive `f`.
+        let token = unsafe { Dispatch::assume::<P>() };
+        f(&token)
+    };
+    // SAFETY: `old` is what the matching raise returned.
+    unsafe { P::lower_irql(old) };
+    result
 }
 
 impl<P: Platform> core::fmt::Debug for SrpTransport<P> {
@@ -1335,7 +1478,9 @@ impl<P: Platform> SrpTransport<P> {
             .ok_or(SrpError::Config("port"))?;
         let attr = *device.attr();
         let platform = device.platform().clone();
-        let worker = Worker::new(&platform, 1, irql)?;
+        // Two work items: the slow path, and the teardown of a handle
+        // dropped started, which waits for the slow path's releases.
+        let worker = Worker::new(&platform, 2, irql)?;
         let back = Arc::new(Back {
             engine: SpinLock::new(Weak::new()),
         });
@@ -1401,6 +1546,13 @@ impl<P: Platform> SrpTransport<P> {
         let conns = Arc::new(ConnRegistry {
             links: SpinLock::new(Vec::with_capacity(queue_slots)),
         });
+        let drop_teardown = RequestQueue::new(
+            &worker,
+            DropTeardown(core::marker::PhantomData),
+            1,
+            Rundown::new(&platform, |_: &Dispatch<'_>| {}, irql)?,
+            irql,
+        )?;
         let engine = Arc::new(Engine {
             upcalls,
             device: device.clone(),
@@ -1419,7 +1571,8 @@ impl<P: Platform> SrpTransport<P> {
         *back.engine.lock(irql) = Arc::downgrade(&engine);
         Ok(SrpTransport {
             engine,
-            _conns: conns,
+            conns,
+            drop_teardown,
         })
     }
 
@@ -1598,42 +1751,6 @@ impl<P: Platform> Transport for SrpTransport<P> {
     }
 
     fn stop(&self, irql: &Passive<'_>) {
-        let e = &self.engine;
-        for t in e.targets.iter() {
-            let actions = {
-                let mut ctl = t.ctl.lock(irql);
-                ctl.running = false;
-                ctl.attempt = None;
-                let a = ctl.recovery.stop();
-                t.mirror(&ctl.recovery);
-                a
-            };
-            t.timer.cancel(irql);
-            e.apply(t, actions, irql);
-            t.timer.cancel(irql);
-        }
-        e.running.store(false, Ordering::Release);
-        // Bounded wait: every teardown step is bounded (CM disconnect does
-        // not wait for the peer; flush and destroy are local).
-        let step = Duration::from_millis(1);
-        let mut waited = Duration::ZERO;
-        while waited < STOP_WAIT {
-            let idle = e.conns_alive(irql) == 0
-                && e.slow.as_ref().is_none_or(|q| q.in_use(irql) == 0)
-                && e.targets
-                    .iter()
-                    .all(|t| t.channels.iter().all(|c| c.is_idle(irql)));
-            if idle {
-                break;
-            }
-            e.device.platform().delay(step, irql);
-            waited += step;
-        }
-        for t in e.targets.iter() {
-            t.timer.cancel(irql);
-            for ch in t.channels.iter() {
-                ch.state.lock(irql).reset_after_stop(&ch.sq);
-            }
-        }
+        self.engine.shut_down(irql);
     }
 }
