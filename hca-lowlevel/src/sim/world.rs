@@ -165,44 +165,24 @@ thread_local! {
 
 /// The direct frame of `pkt`'s headers framed along `route`, with `payload`
 /// (`None` if a GID is not IPv4-mapped), in a spare box of this thread's
-/// when it has one. A pooled box is written field by field, in place: built
-/// whole and then moved into the box, the ~200-byte frame was copied twice
-/// more per packet (about a fifth of [`Outbox::send_shared`]).
+/// when it has one. A pooled box is rewritten in place
+/// ([`fill_roce_frame`]): built whole and then moved into the box, the
+/// ~200-byte frame was copied twice more per packet (about a fifth of
+/// [`Outbox::send_shared`]).
 fn direct_frame(
     route: Route,
     pkt: &IbPacketRepr<'_>,
     payload: SharedPayload,
 ) -> Option<Box<DirectFrame>> {
-    let (src_ip, dst_ip) = (route.src.to_ipv4()?, route.dst.to_ipv4()?);
+    let ips = route.ipv4()?;
     let Some(mut b) = DIRECT_POOL.with(|p| p.borrow_mut().pop()) else {
-        let headers = roce_frame(route, headers_only(pkt))?;
+        let headers = roce_frame(route, pkt, &[])?;
         return Some(Box::new(DirectFrame {
             headers,
             payload: Some(payload),
         }));
     };
-    let f = &mut b.headers;
-    f.src_mac = mac_of(src_ip);
-    f.dst_mac = mac_of(dst_ip);
-    f.src_ip = src_ip;
-    f.dst_ip = dst_ip;
-    f.tos = route.tos;
-    f.ttl = route.ttl;
-    f.ident = 0;
-    f.dont_fragment = true;
-    f.udp_src_port = route.udp_src_port;
-    let h = &mut f.packet;
-    h.bth = pkt.bth;
-    h.rdeth = pkt.rdeth;
-    h.deth = pkt.deth;
-    h.feth = pkt.feth;
-    h.reth = pkt.reth;
-    h.atomic_eth = pkt.atomic_eth;
-    h.aeth = pkt.aeth;
-    h.atomic_ack_eth = pkt.atomic_ack_eth;
-    h.immdt = pkt.immdt;
-    h.ieth = pkt.ieth;
-    h.payload = &[];
+    fill_roce_frame(&mut b.headers, route, ips, pkt, &[]);
     b.payload = Some(payload);
     Some(b)
 }
@@ -255,23 +235,6 @@ impl Frame {
     }
 }
 
-/// The headers of `pkt`, with no payload.
-fn headers_only(pkt: &IbPacketRepr<'_>) -> IbPacketRepr<'static> {
-    IbPacketRepr {
-        bth: pkt.bth,
-        rdeth: pkt.rdeth,
-        deth: pkt.deth,
-        feth: pkt.feth,
-        reth: pkt.reth,
-        atomic_eth: pkt.atomic_eth,
-        aeth: pkt.aeth,
-        atomic_ack_eth: pkt.atomic_ack_eth,
-        immdt: pkt.immdt,
-        ieth: pkt.ieth,
-        payload: &[],
-    }
-}
-
 /// `frame` written out into a pooled buffer, or `None` (the buffer back in
 /// the pool) if the emitter rejects it.
 fn emit_frame(frame: &RoceV2FrameRepr<'_>) -> Option<Vec<u8>> {
@@ -313,22 +276,98 @@ pub(crate) struct Route {
     pub udp_src_port: u16,
 }
 
-/// The RoCEv2 framing of `pkt` (IPv4-mapped GIDs), or `None` if a GID is
-/// not IPv4-mapped.
-fn roce_frame(route: Route, pkt: IbPacketRepr<'_>) -> Option<RoceV2FrameRepr<'_>> {
-    let (src_ip, dst_ip) = (route.src.to_ipv4()?, route.dst.to_ipv4()?);
-    Some(RoceV2FrameRepr {
-        src_mac: mac_of(src_ip),
-        dst_mac: mac_of(dst_ip),
+impl Route {
+    /// The sender's and the receiver's IPv4 addresses, or `None` if a GID
+    /// is not IPv4-mapped.
+    fn ipv4(&self) -> Option<(Ipv4Address, Ipv4Address)> {
+        Some((self.src.to_ipv4()?, self.dst.to_ipv4()?))
+    }
+}
+
+/// The RoCEv2 framing of `pkt`'s headers with `payload` (IPv4-mapped
+/// GIDs), or `None` if a GID is not IPv4-mapped.
+fn roce_frame<'a>(
+    route: Route,
+    pkt: &IbPacketRepr<'_>,
+    payload: &'a [u8],
+) -> Option<RoceV2FrameRepr<'a>> {
+    let ips = route.ipv4()?;
+    // Stand-ins only: `fill_roce_frame` writes every field.
+    let mut frame = RoceV2FrameRepr {
+        src_mac: EthernetAddress([0; 6]),
+        dst_mac: EthernetAddress([0; 6]),
+        src_ip: Ipv4Address([0; 4]),
+        dst_ip: Ipv4Address([0; 4]),
+        tos: 0,
+        ttl: 0,
+        ident: 0,
+        dont_fragment: false,
+        udp_src_port: 0,
+        packet: IbPacketRepr::new(pkt.bth, payload),
+    };
+    fill_roce_frame(&mut frame, route, ips, pkt, payload);
+    Some(frame)
+}
+
+/// Writes into `frame` the RoCEv2 framing of `pkt`'s headers along `route`
+/// (`src` and `dst`: its IPv4 addresses, [`Route::ipv4`]), with `payload`
+/// as its payload. The one place a frame's fields are set, for a new frame
+/// ([`roce_frame`]) and for a pooled one rewritten in place
+/// ([`direct_frame`]): the patterns below name every field (no `..`), so
+/// a field added to the frame or the packet does not compile until it is
+/// written here.
+fn fill_roce_frame<'a>(
+    frame: &mut RoceV2FrameRepr<'a>,
+    route: Route,
+    (src, dst): (Ipv4Address, Ipv4Address),
+    pkt: &IbPacketRepr<'_>,
+    payload: &'a [u8],
+) {
+    let RoceV2FrameRepr {
+        src_mac,
+        dst_mac,
         src_ip,
         dst_ip,
-        tos: route.tos,
-        ttl: route.ttl,
-        ident: 0,
-        dont_fragment: true,
-        udp_src_port: route.udp_src_port,
-        packet: pkt,
-    })
+        tos,
+        ttl,
+        ident,
+        dont_fragment,
+        udp_src_port,
+        packet,
+    } = frame;
+    *src_mac = mac_of(src);
+    *dst_mac = mac_of(dst);
+    *src_ip = src;
+    *dst_ip = dst;
+    *tos = route.tos;
+    *ttl = route.ttl;
+    *ident = 0;
+    *dont_fragment = true;
+    *udp_src_port = route.udp_src_port;
+    let IbPacketRepr {
+        bth,
+        rdeth,
+        deth,
+        feth,
+        reth,
+        atomic_eth,
+        aeth,
+        atomic_ack_eth,
+        immdt,
+        ieth,
+        payload: to_payload,
+    } = packet;
+    *bth = pkt.bth;
+    *rdeth = pkt.rdeth;
+    *deth = pkt.deth;
+    *feth = pkt.feth;
+    *reth = pkt.reth;
+    *atomic_eth = pkt.atomic_eth;
+    *aeth = pkt.aeth;
+    *atomic_ack_eth = pkt.atomic_ack_eth;
+    *immdt = pkt.immdt;
+    *ieth = pkt.ieth;
+    *to_payload = payload;
 }
 
 /// Payloads up to this size go by reference ([`Outbox::send_shared`]):
@@ -339,7 +378,7 @@ const DIRECT_MAX_PAYLOAD: usize = 4096;
 impl Outbox {
     /// Frames `pkt` as RoCEv2 (IPv4-mapped GIDs) and queues it.
     pub fn send(&mut self, route: Route, pkt: &IbPacketRepr<'_>) {
-        let Some(frame) = roce_frame(route, *pkt) else {
+        let Some(frame) = roce_frame(route, pkt, pkt.payload) else {
             self.unroutable += 1;
             return;
         };
@@ -1413,11 +1452,41 @@ mod tests {
             "the box is reused"
         );
         let (headers, payload) = second.parts();
-        let fresh = roce_frame(route(gid(2), 0), headers_only(&second_pkt)).unwrap();
+        let fresh = roce_frame(route(gid(2), 0), &second_pkt, &[]).unwrap();
         assert_eq!(headers, fresh, "the reused box holds the new frame only");
         assert_eq!(payload.to_vec().unwrap(), data[100..200]);
         drop(second);
         assert_eq!(Arc::strong_count(&pinned), 1);
+    }
+
+    /// A packet to a GID that is not IPv4-mapped is unroutable whether or
+    /// not a pooled box is at hand, and the box it would have used stays in
+    /// the pool for the next frame.
+    #[test]
+    fn an_unroutable_direct_frame_keeps_the_pooled_box() {
+        let buf = Arc::new(vec![7u8; 64]);
+        let pooled = || DIRECT_POOL.with(|p| p.borrow().len());
+        let send = |out: &mut Outbox, to: Gid| {
+            let shared = SharedPayload {
+                src: Source::Bytes(buf.clone()),
+                range: 0..64,
+            };
+            let pkt = IbPacketRepr::new(bth(Operation::SendOnly), &[]);
+            out.send_shared(route(to, 0), &pkt, shared);
+        };
+        let mut out = Outbox::default();
+        send(&mut out, gid(2));
+        let Some((_, frame)) = out.frames.pop() else {
+            panic!("a direct frame expected");
+        };
+        frame.recycle();
+        let spare = pooled();
+        assert!(spare >= 1);
+        send(&mut out, Gid([0xfe; 16]));
+        assert!(out.frames.is_empty());
+        assert_eq!(out.unroutable, 1);
+        assert_eq!(pooled(), spare, "the box went back to the pool");
+        assert_eq!(Arc::strong_count(&buf), 1, "the payload is released");
     }
 
     /// A frame by reference to memory that is freed while the frame is on
