@@ -18,6 +18,7 @@
 
 extern crate alloc;
 
+mod drop_teardown;
 pub mod gather;
 pub mod iscsi;
 pub mod iser;

@@ -36,6 +36,7 @@ use kverbs::wire::PortSpace;
 use kverbs::worker::{CompleteAt, Outcome, RequestQueue, WorkHandler, Worker};
 use kverbs::wr::{Completion, FastReg, Payload, SendWr, Sge, Signal, WcStatus};
 
+use crate::drop_teardown::{DropTeardown, TearDown};
 use crate::gather::{IMM_DATA_SGES, gather_prefix, send_wqebbs};
 use crate::iscsi::Millis;
 use crate::iscsi::description::{Portal, TargetDescription};
@@ -863,14 +864,81 @@ struct Engine<P: Platform> {
 }
 
 /// The iSER transport (see the [module docs](super)).
+///
+/// Dropping a started handle without [`Transport::stop`] stops it anyway,
+/// asynchronously: the drop (at any IRQL <= `DISPATCH_LEVEL`; it neither
+/// blocks nor allocates) queues the stop on the engine's passive worker
+/// with a request slot reserved for it at creation. Until that has run,
+/// the connections still exist; then each live session has been offered
+/// a logout (bounded wait), every connection has ended, every command and
+/// TMF in flight at the drop has completed once (failed, as `stop()`
+/// completes them), and no upcall follows; the engine is freed there, at
+/// `PASSIVE_LEVEL`.
+///
+/// The handle is the engine's only lasting strong owner (connection
+/// handlers, timers and the slow path hold it weakly), so the teardown
+/// request holds it until the stop has run: a plain drop would free the
+/// engine at once and orphan its connections, whose commands would never
+/// complete (`tests/tests/iser_teardown.rs`).
 pub struct IserTransport<P: Platform> {
     engine: Arc<Engine<P>>,
+    /// One slot, for the teardown of a handle dropped started.
+    drop_teardown: DropTeardown<P, Orphan<P>>,
+}
+
+impl<P: Platform> Drop for IserTransport<P> {
+    /// # IRQL
+    /// <= `DISPATCH_LEVEL`; never blocks, never allocates.
+    fn drop(&mut self) {
+        if !self.engine.running.load(Ordering::Acquire) {
+            // Never started, or stopped: nothing is connected.
+            return;
+        }
+        // The handle's own reference goes right after this; the teardown
+        // takes far longer (it waits for the disconnect), so its reference
+        // is normally the last, dropped on the worker.
+        self.drop_teardown
+            .hand_over(Orphan(Arc::clone(&self.engine)));
+    }
+}
+
+/// A started engine whose handle was dropped without [`Transport::stop`],
+/// kept alive by the teardown request until the stop has run.
+struct Orphan<P: Platform>(Arc<Engine<P>>);
+
+impl<P: Platform> TearDown for Orphan<P> {
+    fn tear_down(self, irql: &Passive<'_>) {
+        let Orphan(engine) = self;
+        // As `stop()`: logout, disconnect, flush, release (waits,
+        // bounded), completing whatever was in flight. No upcall follows.
+        engine.shut_down(irql);
+        drop(engine);
+    }
 }
 
 impl<P: Platform> core::fmt::Debug for IserTransport<P> {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         f.debug_struct("IserTransport")
             .field("targets", &self.engine.targets.len())
+            .finish()
+    }
+}
+
+/// A weak view of a transport's engine ([`IserTransport::engine_probe`]).
+pub struct EngineProbe<P: Platform>(Weak<Engine<P>>);
+
+impl<P: Platform> EngineProbe<P> {
+    /// Whether the engine still exists.
+    #[must_use]
+    pub fn is_alive(&self) -> bool {
+        self.0.strong_count() > 0
+    }
+}
+
+impl<P: Platform> core::fmt::Debug for EngineProbe<P> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("EngineProbe")
+            .field("alive", &self.is_alive())
             .finish()
     }
 }
@@ -2657,6 +2725,78 @@ impl<P: Platform> Engine<P> {
         Ok(())
     }
 
+    /// Stops every target: a graceful logout where a session is live
+    /// (bounded), then every connection ends (disconnect, flush, release;
+    /// waits, bounded), which completes every command and TMF still
+    /// outstanding. [`Transport::stop`], and the teardown of a started
+    /// handle dropped without it ([`IserTransport`]'s `Drop`).
+    ///
+    /// # IRQL
+    /// `PASSIVE_LEVEL`: waits, bounded (`LOGOUT_WAIT`, `STOP_WAIT`).
+    fn shut_down(&self, irql: &Passive<'_>) {
+        // A graceful logout where a session is live (bounded).
+        for t in self.targets.iter() {
+            let mut st = t.st.lock(irql);
+            // Set first: the target may end the connection as soon as it
+            // has answered the logout, before the wait below notices.
+            st.stopping = true;
+            if st.phase == Phase::Full {
+                if let Some(s) = st.session.as_mut() {
+                    s.logout(now_ms::<P>());
+                }
+                self.transmit_control(t, &mut st, irql);
+            }
+        }
+        let step = Duration::from_millis(1);
+        let mut waited = Duration::ZERO;
+        while waited < LOGOUT_WAIT {
+            let done = self.targets.iter().all(|t| {
+                let st = t.st.lock(irql);
+                st.phase != Phase::Full
+                    || matches!(
+                        st.session.as_ref().map(Session::state),
+                        Some(SessionState::LoggedOut { .. }) | None
+                    )
+            });
+            if done {
+                break;
+            }
+            self.device.platform().delay(step, irql);
+            waited += step;
+        }
+        for t in self.targets.iter() {
+            let conn = {
+                let mut st = t.st.lock(irql);
+                st.running = false;
+                let _ = st.recovery.remove();
+                Engine::mirror(t, &st);
+                st.conn.clone()
+            };
+            t.timer.cancel(irql);
+            if let Some(conn) = conn {
+                self.fail(&conn, Why::Stop, irql);
+            }
+            self.report_state(t, irql);
+        }
+        self.running.store(false, Ordering::Release);
+        let mut waited = Duration::ZERO;
+        while waited < STOP_WAIT {
+            let idle = self.conns_alive.load(Ordering::Acquire) == 0
+                && self.slow.as_ref().is_none_or(|q| q.in_use(irql) == 0)
+                && self.targets.iter().all(|t| t.st.lock(irql).conn.is_none());
+            if idle {
+                break;
+            }
+            self.device.platform().delay(step, irql);
+            waited += step;
+        }
+        for t in self.targets.iter() {
+            t.timer.cancel(irql);
+            let mut st = t.st.lock(irql);
+            st.phase = Phase::Down;
+        }
+    }
+
     fn reset(&self, irql: &impl LeDispatch) {
         for t in self.targets.iter() {
             let conn = {
@@ -2751,7 +2891,9 @@ impl<P: Platform> IserTransport<P> {
             .ok_or(IserError::Config("port"))?;
         let attr = *device.attr();
         let platform = device.platform().clone();
-        let worker = Worker::new(&platform, 1, irql)?;
+        // Two work items: the slow path, and the teardown of a handle
+        // dropped started, which waits for the slow path's releases.
+        let worker = Worker::new(&platform, 2, irql)?;
         let back = Arc::new(Back {
             engine: SpinLock::new(Weak::new()),
         });
@@ -2836,6 +2978,7 @@ impl<P: Platform> IserTransport<P> {
             rundown,
             irql,
         )?;
+        let drop_teardown = DropTeardown::new(&worker, irql)?;
         let engine = Arc::new(Engine {
             upcalls,
             device: device.clone(),
@@ -2851,7 +2994,17 @@ impl<P: Platform> IserTransport<P> {
             src_port: AtomicU32::new(0),
         });
         *back.engine.lock(irql) = Arc::downgrade(&engine);
-        Ok(IserTransport { engine })
+        Ok(IserTransport {
+            engine,
+            drop_teardown,
+        })
+    }
+
+    /// A weak view of the engine, for teardown tests: whether anything
+    /// still keeps it alive once the handle is gone.
+    #[must_use]
+    pub fn engine_probe(&self) -> EngineProbe<P> {
+        EngineProbe(Arc::downgrade(&self.engine))
     }
 
     /// A target's counters.
@@ -2993,68 +3146,7 @@ impl<P: Platform> Transport for IserTransport<P> {
     }
 
     fn stop(&self, irql: &Passive<'_>) {
-        let e = &self.engine;
-        // A graceful logout where a session is live (bounded).
-        for t in e.targets.iter() {
-            let mut st = t.st.lock(irql);
-            // Set first: the target may end the connection as soon as it
-            // has answered the logout, before the wait below notices.
-            st.stopping = true;
-            if st.phase == Phase::Full {
-                if let Some(s) = st.session.as_mut() {
-                    s.logout(now_ms::<P>());
-                }
-                e.transmit_control(t, &mut st, irql);
-            }
-        }
-        let step = Duration::from_millis(1);
-        let mut waited = Duration::ZERO;
-        while waited < LOGOUT_WAIT {
-            let done = e.targets.iter().all(|t| {
-                let st = t.st.lock(irql);
-                st.phase != Phase::Full
-                    || matches!(
-                        st.session.as_ref().map(Session::state),
-                        Some(SessionState::LoggedOut { .. }) | None
-                    )
-            });
-            if done {
-                break;
-            }
-            e.device.platform().delay(step, irql);
-            waited += step;
-        }
-        for t in e.targets.iter() {
-            let conn = {
-                let mut st = t.st.lock(irql);
-                st.running = false;
-                let _ = st.recovery.remove();
-                Engine::mirror(t, &st);
-                st.conn.clone()
-            };
-            t.timer.cancel(irql);
-            if let Some(conn) = conn {
-                e.fail(&conn, Why::Stop, irql);
-            }
-            e.report_state(t, irql);
-        }
-        e.running.store(false, Ordering::Release);
-        let mut waited = Duration::ZERO;
-        while waited < STOP_WAIT {
-            let idle = e.conns_alive.load(Ordering::Acquire) == 0
-                && e.slow.as_ref().is_none_or(|q| q.in_use(irql) == 0)
-                && e.targets.iter().all(|t| t.st.lock(irql).conn.is_none());
-            if idle {
-                break;
-            }
-            e.device.platform().delay(step, irql);
-            waited += step;
-        }
-        for t in e.targets.iter() {
-            t.timer.cancel(irql);
-            let mut st = t.st.lock(irql);
-            st.phase = Phase::Down;
-        }
+        self.engine.shut_down(irql);
     }
 }
 

@@ -58,10 +58,12 @@
 //!
 //! # IRQL
 //! [`IserTransport::new`], `start` and `stop` run at `PASSIVE_LEVEL`;
-//! everything else at <= `DISPATCH_LEVEL`, without allocation.
+//! everything else at <= `DISPATCH_LEVEL`, without allocation. Dropping a
+//! started handle queues `stop` on the engine's worker (see
+//! [`IserTransport`]).
 
 mod engine;
 
 pub use engine::UNSOLICITED_MAX;
 
-pub use engine::{IserConfig, IserError, IserPrepared, IserStats, IserTransport};
+pub use engine::{EngineProbe, IserConfig, IserError, IserPrepared, IserStats, IserTransport};

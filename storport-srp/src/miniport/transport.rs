@@ -390,12 +390,12 @@ pub trait Transport: Send + Sync + 'static {
     /// been completed and no upcall will follow until the next `start`.
     ///
     /// Call it before dropping a started transport (the miniport core
-    /// does): it is the synchronous teardown. A started SRP transport
-    /// dropped without it runs the same stop asynchronously on its passive
-    /// worker (the drop neither blocks nor allocates): its connections end
-    /// and its commands in flight complete once, with a failure, shortly
-    /// after the drop rather than before it returns
-    /// (`tests/tests/srp_teardown.rs`).
+    /// does): it is the synchronous teardown. A started SRP or iSER
+    /// transport dropped without it runs the same stop asynchronously on
+    /// its passive worker (the drop neither blocks nor allocates): its
+    /// connections end and its commands in flight complete once, with a
+    /// failure, shortly after the drop rather than before it returns
+    /// (`tests/tests/srp_teardown.rs`, `tests/tests/iser_teardown.rs`).
     ///
     /// # IRQL
     /// `PASSIVE_LEVEL` (the passive worker); may block, bounded.

@@ -48,6 +48,7 @@ use super::login::{self, DEFAULT_MAX_IMM_DATA, LoginFailure, LoginForm, LoginPla
 use super::mapping::PAGE;
 use super::params::{Addressing, TargetParams, Timeouts};
 use super::recovery::{Actions, Cause, Recovery};
+use crate::drop_teardown::{DropTeardown, TearDown};
 use crate::miniport::transport::{
     FailureKind, PostFailed, PrepareError, ScsiCommand, StartFailed, Tag, TargetState, TmfRefused,
     Transport, Upcalls,
@@ -1284,17 +1285,9 @@ pub(crate) struct Orphan<P: Platform> {
     conns: Arc<ConnRegistry<P>>,
 }
 
-/// Runs a dropped started handle's stop on the engine's own worker (see
-/// [`SrpTransport`]'s `Drop`), then lets the engine go there, at
-/// `PASSIVE_LEVEL`.
-pub(crate) struct DropTeardown<P: Platform>(core::marker::PhantomData<fn() -> P>);
-
-impl<P: Platform> WorkHandler for DropTeardown<P> {
-    type Request = Orphan<P>;
-    type Output = ();
-
-    fn execute(&self, orphan: Orphan<P>, irql: &Passive<'_>) {
-        let Orphan { engine, conns } = orphan;
+impl<P: Platform> TearDown for Orphan<P> {
+    fn tear_down(self, irql: &Passive<'_>) {
+        let Orphan { engine, conns } = self;
         // As `stop()`: disconnect, flush, release (waits, bounded), and
         // complete whatever was in flight. No upcall follows it.
         engine.shut_down(irql);
@@ -1303,13 +1296,6 @@ impl<P: Platform> WorkHandler for DropTeardown<P> {
         // PASSIVE_LEVEL.
         drop(conns);
         drop(engine);
-    }
-
-    fn complete(&self, outcome: Outcome<Orphan<P>, ()>, _irql: AnyIrql<'_, '_>) {
-        // `Done`: nothing is left. `Cancelled` cannot happen (nothing shuts
-        // the queue down); were it to, the orphan drops here, as a handle
-        // dropped without this teardown did.
-        drop(outcome);
     }
 }
 
@@ -1328,7 +1314,7 @@ pub struct SrpTransport<P: Platform> {
     /// the handle, or handed to the teardown.
     conns: Arc<ConnRegistry<P>>,
     /// One slot, for the teardown of a handle dropped started.
-    drop_teardown: RequestQueue<P, DropTeardown<P>>,
+    drop_teardown: DropTeardown<P, Orphan<P>>,
 }
 
 impl<P: Platform> Drop for SrpTransport<P> {
@@ -1343,36 +1329,8 @@ impl<P: Platform> Drop for SrpTransport<P> {
             engine: Arc::clone(&self.engine),
             conns: Arc::clone(&self.conns),
         };
-        // A drop has no IRQL token: raise for the submission.
-        let rejected = raised_to_dispatch::<P, _>(|d| {
-            self.drop_teardown
-                .submit(orphan, CompleteAt::Passive, d)
-                .err()
-        });
-        // Not reached (one slot, used once, never shut down). Were it, the
-        // handle's references would go as a plain drop's do.
-        drop(rejected);
+        self.drop_teardown.hand_over(orphan);
     }
-}
-
-/// Runs `f` at `DISPATCH_LEVEL` from a context that holds no IRQL token
-/// (a `Drop`).
-///
-/// # IRQL
-/// <= `DISPATCH_LEVEL`.
-fn raised_to_dispatch<P: Platform, R>(f: impl for<'t> FnOnce(&Dispatch<'t>) -> R) -> R {
-    // SAFETY: lowered below, after `f` returns (LIFO: `f` undoes its own
-    // raises); the caller runs at <= DISPATCH_LEVEL (contract above).
-    let old = unsafe { P::raise_to_dispatch() };
-    let result = {
-        // SAFETY: the raise above holds this processor at DISPATCH_LEVEL
-        // until the lower below; the token does not outlive `f`.
-        let token = unsafe { Dispatch::assume::<P>() };
-        f(&token)
-    };
-    // SAFETY: `old` is what the matching raise returned.
-    unsafe { P::lower_irql(old) };
-    result
 }
 
 impl<P: Platform> core::fmt::Debug for SrpTransport<P> {
@@ -1546,13 +1504,7 @@ impl<P: Platform> SrpTransport<P> {
         let conns = Arc::new(ConnRegistry {
             links: SpinLock::new(Vec::with_capacity(queue_slots)),
         });
-        let drop_teardown = RequestQueue::new(
-            &worker,
-            DropTeardown(core::marker::PhantomData),
-            1,
-            Rundown::new(&platform, |_: &Dispatch<'_>| {}, irql)?,
-            irql,
-        )?;
+        let drop_teardown = DropTeardown::new(&worker, irql)?;
         let engine = Arc::new(Engine {
             upcalls,
             device: device.clone(),
