@@ -436,13 +436,14 @@ impl Qp {
     /// path's GID, traffic class and hop limit (0 taken as 64).
     fn route(&self, local_gid: Gid) -> Route {
         let av = &self.attr.av;
-        Route {
-            src: local_gid,
-            dst: av.dgid,
-            tos: av.traffic_class,
-            ttl: if av.hop_limit == 0 { 64 } else { av.hop_limit },
-            udp_src_port: self.udp_src_port(),
-        }
+        let ttl = if av.hop_limit == 0 { 64 } else { av.hop_limit };
+        Route::new(
+            local_gid,
+            av.dgid,
+            av.traffic_class,
+            ttl,
+            self.udp_src_port(),
+        )
     }
 
     fn event(&self, ctx: &mut Ctx<'_>, ev: AsyncEvent) {
@@ -864,13 +865,13 @@ impl Qp {
         }
         self.next_psn = self.next_psn.next();
         self.stats.packets_sent += 1;
-        let route = Route {
-            src: ctx.local_gid,
-            dst: Gid(av.rgid),
-            tos: av.tclass,
-            ttl: av.hop_limit,
-            udp_src_port: self.udp_src_port(),
-        };
+        let route = Route::new(
+            ctx.local_gid,
+            Gid(av.rgid),
+            av.tclass,
+            av.hop_limit,
+            self.udp_src_port(),
+        );
         ctx.out
             .send_shared(route, &pkt, op.shared_payload(0..op.payload_len));
         op.status = OpStatus::Done;
@@ -1830,6 +1831,9 @@ impl Qp {
         }
         let mut budget = RESP_BURST;
         let mtu = self.mtu();
+        // One route for the burst (its GIDs converted once, not per packet):
+        // nothing in the loop changes the path; an error ends the burst.
+        let route = self.route(ctx.local_gid);
         while budget > 0 {
             let Some(item) = self.resp_out.front_mut() else {
                 break;
@@ -1910,8 +1914,7 @@ impl Qp {
                         src: data.unwrap_or_else(|()| Source::Bytes(Arc::default())),
                         range: 0..n,
                     };
-                    ctx.out
-                        .send_shared(self.route(ctx.local_gid), &pkt, payload);
+                    ctx.out.send_shared(route, &pkt, payload);
                     budget -= 1;
                 }
             }

@@ -261,26 +261,47 @@ fn mac_of(ip: Ipv4Address) -> EthernetAddress {
 }
 
 /// Where a packet goes and how it is framed on the way: what every frame a
-/// QP sends carries besides its packet.
+/// QP sends carries besides its packet. Built by [`Route::new`], which
+/// converts both GIDs to IPv4 once (a sender builds its route once per burst
+/// and frames every packet of it with the stored addresses); the fields are
+/// private so the addresses cannot drift from the GIDs.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Route {
-    /// The sender's GID (IPv4-mapped).
-    pub src: Gid,
     /// The receiver's GID (IPv4-mapped).
-    pub dst: Gid,
+    dst: Gid,
+    /// The sender's and the receiver's IPv4 addresses; `None` if either
+    /// GID is not IPv4-mapped (the route's frames are unroutable).
+    ipv4: Option<(Ipv4Address, Ipv4Address)>,
     /// IPv4 type of service (the traffic class).
-    pub tos: u8,
+    tos: u8,
     /// IPv4 time to live (the hop limit).
-    pub ttl: u8,
+    ttl: u8,
     /// The UDP source port (the QP's flow label).
-    pub udp_src_port: u16,
+    udp_src_port: u16,
 }
 
 impl Route {
+    /// The route from `src` to `dst` with these IPv4 and UDP fields.
+    pub fn new(src: Gid, dst: Gid, tos: u8, ttl: u8, udp_src_port: u16) -> Route {
+        let ipv4 = src.to_ipv4().zip(dst.to_ipv4());
+        Route {
+            dst,
+            ipv4,
+            tos,
+            ttl,
+            udp_src_port,
+        }
+    }
+
+    /// The receiver's GID.
+    pub fn dst(&self) -> Gid {
+        self.dst
+    }
+
     /// The sender's and the receiver's IPv4 addresses, or `None` if a GID
     /// is not IPv4-mapped.
     fn ipv4(&self) -> Option<(Ipv4Address, Ipv4Address)> {
-        Some((self.src.to_ipv4()?, self.dst.to_ipv4()?))
+        self.ipv4
     }
 }
 
@@ -383,7 +404,7 @@ impl Outbox {
             return;
         };
         match emit_frame(&frame) {
-            Some(buf) => self.frames.push((route.dst, Frame::Bytes(buf))),
+            Some(buf) => self.frames.push((route.dst(), Frame::Bytes(buf))),
             None => self.unroutable += 1,
         }
     }
@@ -401,7 +422,7 @@ impl Outbox {
             return self.send_materialized(route, pkt, data);
         }
         match direct_frame(route, pkt, payload) {
-            Some(d) => self.frames.push((route.dst, Frame::Direct(d))),
+            Some(d) => self.frames.push((route.dst(), Frame::Direct(d))),
             None => self.unroutable += 1,
         }
     }
@@ -1347,13 +1368,7 @@ mod tests {
 
     /// From `gid(1)` to `dst`, TTL 64, one UDP source port.
     fn route(dst: Gid, tos: u8) -> Route {
-        Route {
-            src: gid(1),
-            dst,
-            tos,
-            ttl: 64,
-            udp_src_port: 0xc000,
-        }
+        Route::new(gid(1), dst, tos, 64, 0xc000)
     }
 
     fn bth(operation: Operation) -> BthRepr {
@@ -1434,10 +1449,7 @@ mod tests {
             rkey: 0x77,
             dma_len: 8192,
         });
-        let mut first_route = route(gid(9), 5);
-        first_route.src = gid(8);
-        first_route.ttl = 3;
-        first_route.udp_src_port = 0xc0de;
+        let first_route = Route::new(gid(8), gid(9), 5, 3, 0xc0de);
         let first = send(first_route, &first_pkt, 0..4096);
         assert_eq!(Arc::strong_count(&pinned), 2);
         let first_at: *const DirectFrame = &*first;
@@ -1457,6 +1469,42 @@ mod tests {
         assert_eq!(payload.to_vec().unwrap(), data[100..200]);
         drop(second);
         assert_eq!(Arc::strong_count(&pinned), 1);
+    }
+
+    /// A route frames its packets with the IPv4 addresses (and the MACs
+    /// derived from them) of the GIDs it was built from, converted once by
+    /// [`Route::new`]; a route with either GID not IPv4-mapped frames
+    /// nothing, by bytes or by reference.
+    #[test]
+    fn a_route_frames_with_the_addresses_of_its_gids() {
+        let pkt = IbPacketRepr::new(bth(Operation::SendOnly), &[1, 2, 3, 4]);
+        for (src, dst) in [(gid(1), gid(2)), (gid(9), gid(8))] {
+            let mut out = Outbox::default();
+            out.send(Route::new(src, dst, 0, 64, 0xc000), &pkt);
+            let Some((to, Frame::Bytes(b))) = out.frames.pop() else {
+                panic!("one byte frame expected");
+            };
+            assert_eq!(to, dst);
+            let parsed = RoceV2FrameRepr::parse(&b).unwrap();
+            assert_eq!((parsed.src_gid(), parsed.dst_gid()), (src, dst));
+            let (Some(s), Some(d)) = (src.to_ipv4(), dst.to_ipv4()) else {
+                panic!("IPv4-mapped GIDs expected");
+            };
+            assert_eq!((parsed.src_mac, parsed.dst_mac), (mac_of(s), mac_of(d)));
+        }
+        let other = Gid([0xfe; 16]);
+        for (src, dst) in [(other, gid(2)), (gid(1), other)] {
+            let route = Route::new(src, dst, 0, 64, 0xc000);
+            let mut out = Outbox::default();
+            out.send(route, &pkt);
+            let shared = SharedPayload {
+                src: Source::Bytes(Arc::new(vec![5; 4])),
+                range: 0..4,
+            };
+            out.send_shared(route, &IbPacketRepr::new(pkt.bth, &[]), shared);
+            assert!(out.frames.is_empty());
+            assert_eq!(out.unroutable, 2);
+        }
     }
 
     /// A packet to a GID that is not IPv4-mapped is unroutable whether or
