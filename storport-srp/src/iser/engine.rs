@@ -868,7 +868,7 @@ struct Engine<P: Platform> {
 /// Dropping a started handle without [`Transport::stop`] stops it anyway,
 /// asynchronously: the drop (at any IRQL <= `DISPATCH_LEVEL`; it neither
 /// blocks nor allocates) moves the engine to its passive worker, into a
-/// request slot reserved for it at creation ([`TornDownOnDrop`]). Until
+/// request slot reserved for it at creation (`TornDownOnDrop`). Until
 /// that has run, the connections still exist; then each live session has
 /// been offered a logout (bounded wait), every connection has ended, every
 /// command and TMF in flight at the drop has completed once (failed, as

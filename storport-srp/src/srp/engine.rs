@@ -1310,7 +1310,7 @@ impl<P: Platform> TearDown for Kept<P> {
 /// asynchronously: the drop (at any IRQL <= `DISPATCH_LEVEL`; it neither
 /// blocks nor allocates) moves the engine and its connections to the
 /// engine's passive worker, into a request slot reserved for it at
-/// creation ([`TornDownOnDrop`]). Until that has run, the connections
+/// creation (`TornDownOnDrop`). Until that has run, the connections
 /// still exist; then every channel has been disconnected, every command
 /// and TMF in flight at the drop has completed once (as `stop()`
 /// completes them), no upcall follows, and the handle's references to
