@@ -6,28 +6,43 @@
 //! `PASSIVE_LEVEL`; a `Drop` has no IRQL token, may run at
 //! `DISPATCH_LEVEL` (a DPC) and must neither block nor allocate there. So
 //! a transport reserves, at creation, a one-slot request queue on its
-//! engine's own passive worker ([`DropTeardown::new`]); its `Drop` hands
-//! what the handle kept running (a [`TearDown`]: the engine and whatever
-//! the handle owned with it) to that queue ([`DropTeardown::hand_over`]),
-//! and the work item stops it and lets it go, at `PASSIVE_LEVEL`.
+//! engine's own passive worker ([`DropTeardown::new`]), and its handle
+//! keeps everything it owns (the engine, and whatever it owned with it: a
+//! [`TearDown`]) in a [`TornDownOnDrop`] with that slot. Dropped while the
+//! engine runs, it moves what it kept into the slot; the work item stops
+//! it and lets it go, at `PASSIVE_LEVEL`. Moved, not cloned: from the
+//! hand-over on, the teardown holds the handle's only references, so the
+//! engine is freed there, at `PASSIVE_LEVEL`, however long the dropping
+//! thread takes to return (with clones, a drop stalled past the whole
+//! teardown would free the engine at the drop's IRQL).
 //!
 //! The worker needs a work item for this besides the one its engine's slow
 //! path uses: the stop waits for the slow path's releases.
 //!
 //! # IRQL
-//! [`DropTeardown::new`] at `PASSIVE_LEVEL`; [`DropTeardown::hand_over`]
+//! [`DropTeardown::new`] at `PASSIVE_LEVEL`; dropping a [`TornDownOnDrop`]
 //! at <= `DISPATCH_LEVEL`, without blocking or allocating;
 //! [`TearDown::tear_down`] at `PASSIVE_LEVEL`, on the worker.
 
 use core::marker::PhantomData;
+use core::mem::ManuallyDrop;
+use core::ops::Deref;
 
 use kverbs::irql::{AnyIrql, Dispatch, Passive};
 use kverbs::platform::{AllocError, Platform};
 use kverbs::rundown::Rundown;
 use kverbs::worker::{CompleteAt, Outcome, RequestQueue, WorkHandler, Worker};
 
-/// What a started handle dropped without `stop()` leaves running.
+/// What a transport handle owns: the engine, and whatever the handle owned
+/// with it.
 pub(crate) trait TearDown: Send + 'static {
+    /// Whether the engine runs (started, not stopped), so a dropped handle
+    /// must have it torn down rather than just let go.
+    ///
+    /// # IRQL
+    /// <= `DISPATCH_LEVEL`; never blocks.
+    fn needs_tear_down(&self) -> bool;
+
     /// Stops it as `Transport::stop` does (every connection ended, every
     /// command in flight completed once, no upcall after), then lets it
     /// go, here.
@@ -57,7 +72,7 @@ impl<O: TearDown> WorkHandler for Runner<O> {
 }
 
 /// A handle's reserved slot for its own teardown (see the
-/// [module docs](self)).
+/// [module docs](self)); [`TornDownOnDrop`] uses it.
 pub(crate) struct DropTeardown<P: Platform, O: TearDown> {
     queue: RequestQueue<P, Runner<O>>,
 }
@@ -82,12 +97,64 @@ impl<P: Platform, O: TearDown> DropTeardown<P, O> {
     ///
     /// # IRQL
     /// <= `DISPATCH_LEVEL`; never blocks, never allocates.
-    pub(crate) fn hand_over(&self, orphan: O) {
+    fn hand_over(&self, orphan: O) {
         let rejected =
             raised_to_dispatch::<P, _>(|d| self.queue.submit(orphan, CompleteAt::Passive, d).err());
         // Not reached (one slot, used once, never shut down). Were it, the
         // orphan's references would go as a plain drop's do.
         drop(rejected);
+    }
+}
+
+/// What a transport handle owns, torn down on the engine's worker if the
+/// handle is dropped while the engine runs (see the [module docs](self)).
+///
+/// Reads go through [`Deref`] (no check: what it keeps is there until the
+/// drop).
+pub(crate) struct TornDownOnDrop<P: Platform, O: TearDown> {
+    /// Taken out only by the drop.
+    kept: ManuallyDrop<O>,
+    /// One slot, for the teardown of a handle dropped with the engine
+    /// running.
+    slot: DropTeardown<P, O>,
+}
+
+impl<P: Platform, O: TearDown> TornDownOnDrop<P, O> {
+    /// Keeps `kept`, to be handed to `slot` if dropped while it runs.
+    pub(crate) fn new(kept: O, slot: DropTeardown<P, O>) -> Self {
+        TornDownOnDrop {
+            kept: ManuallyDrop::new(kept),
+            slot,
+        }
+    }
+}
+
+impl<P: Platform, O: TearDown> Deref for TornDownOnDrop<P, O> {
+    type Target = O;
+
+    #[inline]
+    fn deref(&self) -> &O {
+        &self.kept
+    }
+}
+
+impl<P: Platform, O: TearDown> Drop for TornDownOnDrop<P, O> {
+    /// Hands what it kept to the teardown if the engine runs, else lets it
+    /// go here. Either way nothing of it stays with the handle.
+    ///
+    /// # IRQL
+    /// <= `DISPATCH_LEVEL`; never blocks, never allocates.
+    fn drop(&mut self) {
+        // SAFETY: `kept` is taken once, here, and not used again: `drop`
+        // is the last use of `self`, `Deref` cannot run after it, and a
+        // `ManuallyDrop` field is not dropped again with the struct.
+        let kept = unsafe { ManuallyDrop::take(&mut self.kept) };
+        if kept.needs_tear_down() {
+            self.slot.hand_over(kept);
+        } else {
+            // Never started, or stopped: nothing is connected.
+            drop(kept);
+        }
     }
 }
 
@@ -109,4 +176,130 @@ pub(crate) fn raised_to_dispatch<P: Platform, R>(f: impl for<'t> FnOnce(&Dispatc
     // SAFETY: `old` is what the matching raise returned.
     unsafe { P::lower_irql(old) };
     result
+}
+
+#[cfg(all(test, feature = "host"))]
+mod tests {
+    use alloc::sync::{Arc, Weak};
+    use core::sync::atomic::{AtomicUsize, Ordering};
+
+    use kverbs::platform::host::{HostConfig, HostMode, HostPlatform};
+
+    use super::*;
+
+    /// Routines run only when the test says so: the teardown's work item
+    /// waits until the test (or a stalled drop) runs it.
+    fn manual() -> HostPlatform {
+        HostPlatform::with_config(HostConfig {
+            mode: HostMode::Manual,
+            ..HostConfig::default()
+        })
+    }
+
+    /// Stands for the engine.
+    struct Engine;
+
+    /// What a handle keeps: the engine, as the transports keep it.
+    struct Kept {
+        engine: Arc<Engine>,
+        running: bool,
+        /// Strong references to the engine when the teardown ran (0: it
+        /// has not run).
+        seen: Arc<AtomicUsize>,
+        /// Armed on the handle's side: where the handle's references are
+        /// let go, the dropping thread first stalls for as long as the
+        /// whole teardown takes (it runs the worker to idle).
+        stall: Option<HostPlatform>,
+    }
+
+    impl Drop for Kept {
+        fn drop(&mut self) {
+            if let Some(platform) = self.stall.take() {
+                platform.run_until_idle(&mut |_| 0, 1_000);
+            }
+        }
+    }
+
+    impl TearDown for Kept {
+        fn needs_tear_down(&self) -> bool {
+            self.running
+        }
+
+        fn tear_down(mut self, _irql: &Passive<'_>) {
+            self.stall = None;
+            self.seen
+                .store(Arc::strong_count(&self.engine), Ordering::SeqCst);
+        }
+    }
+
+    /// A handle on `platform` keeping `running`; with the engine's weak
+    /// view and what its teardown will see.
+    fn handle(
+        platform: &HostPlatform,
+        running: bool,
+    ) -> (
+        TornDownOnDrop<HostPlatform, Kept>,
+        Weak<Engine>,
+        Arc<AtomicUsize>,
+    ) {
+        platform.run_passive(|p| {
+            let worker = Worker::new(platform, 1, p).unwrap_or_else(|_| panic!("worker"));
+            let slot = DropTeardown::new(&worker, p).unwrap_or_else(|_| panic!("slot"));
+            let engine = Arc::new(Engine);
+            let weak = Arc::downgrade(&engine);
+            let seen = Arc::new(AtomicUsize::new(0));
+            let kept = Kept {
+                engine,
+                running,
+                seen: Arc::clone(&seen),
+                stall: Some(platform.clone()),
+            };
+            (TornDownOnDrop::new(kept, slot), weak, seen)
+        })
+    }
+
+    #[test]
+    fn dropped_running_the_teardown_holds_the_only_references() {
+        let platform = manual();
+        let (handle, engine, seen) = handle(&platform, true);
+        assert!(
+            handle.needs_tear_down(),
+            "reads go through to what it keeps"
+        );
+        drop(handle);
+        // Handed over: the queued teardown is the engine's only owner, and
+        // nothing of the handle ran it (a handle left holding references
+        // would have stalled and run it, before letting them go).
+        assert_eq!(
+            (engine.strong_count(), seen.load(Ordering::SeqCst)),
+            (1, 0),
+            "(owners of the engine, owners the teardown saw) after the drop"
+        );
+        assert_eq!(platform.run_until_idle(&mut |_| 0, 1_000), 1);
+        assert_eq!(
+            (engine.strong_count(), seen.load(Ordering::SeqCst)),
+            (0, 1),
+            "(owners of the engine, owners the teardown saw) after it ran"
+        );
+        platform.finish();
+    }
+
+    #[test]
+    fn dropped_stopped_it_goes_at_once() {
+        let platform = manual();
+        let (handle, engine, seen) = handle(&platform, false);
+        drop(handle);
+        assert_eq!(engine.strong_count(), 0, "the plain drop let the engine go");
+        assert_eq!(
+            platform.run_until_idle(&mut |_| 0, 1_000),
+            0,
+            "nothing queued"
+        );
+        assert_eq!(
+            seen.load(Ordering::SeqCst),
+            0,
+            "no teardown for a stopped engine"
+        );
+        platform.finish();
+    }
 }

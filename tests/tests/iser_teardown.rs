@@ -3,8 +3,8 @@
 //! The miniport core always stops a transport before it drops it, so the
 //! other tests never drop a live one. A library user may: dropping a
 //! started `IserTransport` queues the stop on the engine's passive worker
-//! (see its `Drop` in `storport-srp/src/iser/engine.rs` and the shared
-//! `DropTeardown` in `storport-srp/src/miniport/drop_teardown.rs`), which
+//! (see `IserTransport` in `storport-srp/src/iser/engine.rs` and the
+//! shared `TornDownOnDrop` in `storport-srp/src/drop_teardown.rs`), which
 //! logs out, ends every connection, completes whatever was in flight, and
 //! then lets the engine go. These tests build the transport directly
 //! (outside the StorPort model) on the software HCA, with a live session

@@ -3,8 +3,9 @@
 //! The miniport core always stops a transport before it drops it, so the
 //! other tests never drop a live one. A library user may: dropping a
 //! started `SrpTransport` queues the stop on the engine's passive worker
-//! (see its `Drop` and `ConnRegistry` in
-//! `storport-srp/src/srp/engine.rs`), which disconnects every channel,
+//! (see `SrpTransport` and `ConnRegistry` in
+//! `storport-srp/src/srp/engine.rs`, and the shared `TornDownOnDrop` in
+//! `storport-srp/src/drop_teardown.rs`), which disconnects every channel,
 //! completes whatever was in flight, and then lets the engine go. These
 //! tests build the transport directly (outside the StorPort model) on the
 //! software HCA, with live channels to the software target and an event

@@ -36,7 +36,7 @@ use kverbs::wire::PortSpace;
 use kverbs::worker::{CompleteAt, Outcome, RequestQueue, WorkHandler, Worker};
 use kverbs::wr::{Completion, FastReg, Payload, SendWr, Sge, Signal, WcStatus};
 
-use crate::drop_teardown::{DropTeardown, TearDown};
+use crate::drop_teardown::{DropTeardown, TearDown, TornDownOnDrop};
 use crate::gather::{IMM_DATA_SGES, gather_prefix, send_wqebbs};
 use crate::iscsi::Millis;
 use crate::iscsi::description::{Portal, TargetDescription};
@@ -867,51 +867,42 @@ struct Engine<P: Platform> {
 ///
 /// Dropping a started handle without [`Transport::stop`] stops it anyway,
 /// asynchronously: the drop (at any IRQL <= `DISPATCH_LEVEL`; it neither
-/// blocks nor allocates) queues the stop on the engine's passive worker
-/// with a request slot reserved for it at creation. Until that has run,
-/// the connections still exist; then each live session has been offered
-/// a logout (bounded wait), every connection has ended, every command and
-/// TMF in flight at the drop has completed once (failed, as `stop()`
-/// completes them), and no upcall follows; the engine is freed there, at
-/// `PASSIVE_LEVEL`.
+/// blocks nor allocates) moves the engine to its passive worker, into a
+/// request slot reserved for it at creation (`TornDownOnDrop`). Until
+/// that has run, the connections still exist; then each live session has
+/// been offered a logout (bounded wait), every connection has ended, every
+/// command and TMF in flight at the drop has completed once (failed, as
+/// `stop()` completes them), and no upcall follows; the engine is freed
+/// there, at `PASSIVE_LEVEL`.
 ///
 /// The handle is the engine's only lasting strong owner (connection
 /// handlers, timers and the slow path hold it weakly), so the teardown
-/// request holds it until the stop has run: a plain drop would free the
-/// engine at once and orphan its connections, whose commands would never
-/// complete (`tests/tests/iser_teardown.rs`).
+/// owns it until the stop has run: a plain drop would free the engine at
+/// once and orphan its connections, whose commands would never complete
+/// (`tests/tests/iser_teardown.rs`).
 pub struct IserTransport<P: Platform> {
+    kept: TornDownOnDrop<P, Kept<P>>,
+}
+
+/// What an [`IserTransport`] owns: the engine. If the handle is dropped
+/// while the engine runs, the teardown owns it instead, until the stop it
+/// runs has ended every connection.
+struct Kept<P: Platform> {
     engine: Arc<Engine<P>>,
-    /// One slot, for the teardown of a handle dropped started.
-    drop_teardown: DropTeardown<P, Orphan<P>>,
 }
 
-impl<P: Platform> Drop for IserTransport<P> {
-    /// # IRQL
-    /// <= `DISPATCH_LEVEL`; never blocks, never allocates.
-    fn drop(&mut self) {
-        if !self.engine.running.load(Ordering::Acquire) {
-            // Never started, or stopped: nothing is connected.
-            return;
-        }
-        // The handle's own reference goes right after this; the teardown
-        // takes far longer (it waits for the disconnect), so its reference
-        // is normally the last, dropped on the worker.
-        self.drop_teardown
-            .hand_over(Orphan(Arc::clone(&self.engine)));
+impl<P: Platform> TearDown for Kept<P> {
+    fn needs_tear_down(&self) -> bool {
+        self.engine.running.load(Ordering::Acquire)
     }
-}
 
-/// A started engine whose handle was dropped without [`Transport::stop`],
-/// kept alive by the teardown request until the stop has run.
-struct Orphan<P: Platform>(Arc<Engine<P>>);
-
-impl<P: Platform> TearDown for Orphan<P> {
     fn tear_down(self, irql: &Passive<'_>) {
-        let Orphan(engine) = self;
+        let Kept { engine } = self;
         // As `stop()`: logout, disconnect, flush, release (waits,
         // bounded), completing whatever was in flight. No upcall follows.
         engine.shut_down(irql);
+        // Moved here from the handle, not cloned: its only reference, so
+        // the engine is freed here, at PASSIVE_LEVEL.
         drop(engine);
     }
 }
@@ -919,7 +910,7 @@ impl<P: Platform> TearDown for Orphan<P> {
 impl<P: Platform> core::fmt::Debug for IserTransport<P> {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         f.debug_struct("IserTransport")
-            .field("targets", &self.engine.targets.len())
+            .field("targets", &self.kept.engine.targets.len())
             .finish()
     }
 }
@@ -2995,8 +2986,7 @@ impl<P: Platform> IserTransport<P> {
         });
         *back.engine.lock(irql) = Arc::downgrade(&engine);
         Ok(IserTransport {
-            engine,
-            drop_teardown,
+            kept: TornDownOnDrop::new(Kept { engine }, drop_teardown),
         })
     }
 
@@ -3004,7 +2994,7 @@ impl<P: Platform> IserTransport<P> {
     /// still keeps it alive once the handle is gone.
     #[must_use]
     pub fn engine_probe(&self) -> EngineProbe<P> {
-        EngineProbe(Arc::downgrade(&self.engine))
+        EngineProbe(Arc::downgrade(&self.kept.engine))
     }
 
     /// A target's counters.
@@ -3012,7 +3002,7 @@ impl<P: Platform> IserTransport<P> {
     /// # IRQL
     /// <= `DISPATCH_LEVEL`.
     pub fn target_stats(&self, target: u8, irql: &impl LeDispatch) -> Option<IserStats> {
-        let t = self.engine.target(target)?;
+        let t = self.kept.engine.target(target)?;
         let last_session_failure = t.st.lock(irql).last_session_failure;
         let c = &t.counters;
         let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
@@ -3046,7 +3036,7 @@ impl<P: Platform> IserTransport<P> {
     /// # IRQL
     /// <= `DISPATCH_LEVEL`.
     pub fn negotiated(&self, target: u8, irql: &impl LeDispatch) -> Option<Negotiated> {
-        let t = self.engine.target(target)?;
+        let t = self.kept.engine.target(target)?;
         let st = t.st.lock(irql);
         st.session.as_ref().map(|s| *s.negotiated())
     }
@@ -3056,7 +3046,7 @@ impl<P: Platform> IserTransport<P> {
     /// # IRQL
     /// <= `DISPATCH_LEVEL`.
     pub fn qpn(&self, target: u8, irql: &impl LeDispatch) -> Option<u32> {
-        let t = self.engine.target(target)?;
+        let t = self.kept.engine.target(target)?;
         let st = t.st.lock(irql);
         st.conn.as_ref().map(|c| c.qp.qpn())
     }
@@ -3066,7 +3056,7 @@ impl<P: Platform> IserTransport<P> {
     /// # IRQL
     /// <= `DISPATCH_LEVEL`.
     pub fn open_connections(&self, _irql: &impl LeDispatch) -> usize {
-        self.engine.conns_alive.load(Ordering::Acquire)
+        self.kept.engine.conns_alive.load(Ordering::Acquire)
     }
 
     /// Drops a target's connection as a transport failure would (tests,
@@ -3075,8 +3065,8 @@ impl<P: Platform> IserTransport<P> {
     /// # IRQL
     /// <= `DISPATCH_LEVEL`.
     pub fn drop_connection(&self, target: u8, irql: &impl LeDispatch) {
-        if let Some(t) = self.engine.target(target) {
-            self.engine.fail_current(t, Why::PeerDisconnect, irql);
+        if let Some(t) = self.kept.engine.target(target) {
+            self.kept.engine.fail_current(t, Why::PeerDisconnect, irql);
         }
     }
 }
@@ -3089,15 +3079,15 @@ impl<P: Platform> Transport for IserTransport<P> {
         command: &ScsiCommand<'_>,
         irql: &impl LeDispatch,
     ) -> Result<IserPrepared, PrepareError> {
-        self.engine.prepare(command, irql)
+        self.kept.engine.prepare(command, irql)
     }
 
     fn post(&self, prepared: IserPrepared, irql: &impl LeDispatch) -> Result<(), PostFailed> {
-        self.engine.post(prepared, irql)
+        self.kept.engine.post(prepared, irql)
     }
 
     fn discard(&self, prepared: IserPrepared, irql: &impl LeDispatch) {
-        self.engine.discard(prepared, irql);
+        self.kept.engine.discard(prepared, irql);
     }
 
     fn abort_task(
@@ -3108,7 +3098,8 @@ impl<P: Platform> Transport for IserTransport<P> {
         tmf: Tag,
         irql: &impl LeDispatch,
     ) -> Result<(), TmfRefused> {
-        self.engine
+        self.kept
+            .engine
             .tmf(target, irql, |s, now| s.abort_task(now, tmf, victim))
     }
 
@@ -3119,16 +3110,17 @@ impl<P: Platform> Transport for IserTransport<P> {
         tmf: Tag,
         irql: &impl LeDispatch,
     ) -> Result<(), TmfRefused> {
-        self.engine
+        self.kept
+            .engine
             .tmf(target, irql, |s, now| s.reset_lun(now, tmf, lun))
     }
 
     fn reset(&self, irql: &impl LeDispatch) {
-        self.engine.reset(irql);
+        self.kept.engine.reset(irql);
     }
 
     fn start(&self, irql: &Passive<'_>) -> Result<(), StartFailed> {
-        let e = &self.engine;
+        let e = &self.kept.engine;
         e.running.store(true, Ordering::Release);
         for t in e.targets.iter() {
             let step = {
@@ -3146,7 +3138,7 @@ impl<P: Platform> Transport for IserTransport<P> {
     }
 
     fn stop(&self, irql: &Passive<'_>) {
-        self.engine.shut_down(irql);
+        self.kept.engine.shut_down(irql);
     }
 }
 

@@ -48,7 +48,7 @@ use super::login::{self, DEFAULT_MAX_IMM_DATA, LoginFailure, LoginForm, LoginPla
 use super::mapping::PAGE;
 use super::params::{Addressing, TargetParams, Timeouts};
 use super::recovery::{Actions, Cause, Recovery};
-use crate::drop_teardown::{DropTeardown, TearDown};
+use crate::drop_teardown::{DropTeardown, TearDown, TornDownOnDrop};
 use crate::miniport::transport::{
     FailureKind, PostFailed, PrepareError, ScsiCommand, StartFailed, Tag, TargetState, TmfRefused,
     Transport, Upcalls,
@@ -1267,8 +1267,8 @@ impl<P: Platform> Engine<P> {
 /// (as before) or a link is in use. A handle dropped stopped (or never
 /// started) drops the registry and every link still in it with it — an
 /// ordinary drop of the vector, with no lock and no IRQL to take — which
-/// lets the engine go too. A handle dropped started hands its registry
-/// and engine to the teardown ([`DropTeardown`]), which holds both until
+/// lets the engine go too. A handle dropped started moves its registry
+/// and engine to the teardown ([`TornDownOnDrop`]), which holds both until
 /// the stop it runs has released every connection, then drops them on the
 /// worker. A connection leaves the registry when its objects are released
 /// (`release_conn`) or forgotten (`forget_conn`); from then on no handler
@@ -1277,23 +1277,28 @@ pub(crate) struct ConnRegistry<P: Platform> {
     links: SpinLock<Vec<Arc<ConnLink<P>>>, P>,
 }
 
-/// A started transport whose handle was dropped without
-/// [`Transport::stop`]: the engine and its connections, kept alive by the
-/// teardown request until the stop has run.
-pub(crate) struct Orphan<P: Platform> {
+/// What an [`SrpTransport`] owns: the engine and its connections. If the
+/// handle is dropped while the engine runs, the teardown owns them
+/// instead, until the stop it runs has released them.
+pub(crate) struct Kept<P: Platform> {
     engine: Arc<Engine<P>>,
+    /// The engine's live connections (see [`ConnRegistry`]).
     conns: Arc<ConnRegistry<P>>,
 }
 
-impl<P: Platform> TearDown for Orphan<P> {
+impl<P: Platform> TearDown for Kept<P> {
+    fn needs_tear_down(&self) -> bool {
+        self.engine.running.load(Ordering::Acquire)
+    }
+
     fn tear_down(self, irql: &Passive<'_>) {
-        let Orphan { engine, conns } = self;
+        let Kept { engine, conns } = self;
         // As `stop()`: disconnect, flush, release (waits, bounded), and
         // complete whatever was in flight. No upcall follows it.
         engine.shut_down(irql);
-        // Links still registered after the bounded wait go first; the last
-        // reference to the engine is normally this one, dropped here, at
-        // PASSIVE_LEVEL.
+        // Links still registered after the bounded wait go first. Moved
+        // here from the handle, not cloned: these are the handle's only
+        // references, let go here, at PASSIVE_LEVEL.
         drop(conns);
         drop(engine);
     }
@@ -1303,40 +1308,21 @@ impl<P: Platform> TearDown for Orphan<P> {
 ///
 /// Dropping a started handle without [`Transport::stop`] stops it anyway,
 /// asynchronously: the drop (at any IRQL <= `DISPATCH_LEVEL`; it neither
-/// blocks nor allocates) queues the stop on the engine's passive worker
-/// with a request slot reserved for it at creation. Until that has run,
-/// the connections still exist; then every channel has been disconnected,
-/// every command and TMF in flight at the drop has completed once (as
-/// `stop()` completes them), and no upcall follows.
+/// blocks nor allocates) moves the engine and its connections to the
+/// engine's passive worker, into a request slot reserved for it at
+/// creation (`TornDownOnDrop`). Until that has run, the connections
+/// still exist; then every channel has been disconnected, every command
+/// and TMF in flight at the drop has completed once (as `stop()`
+/// completes them), no upcall follows, and the handle's references to
+/// the engine go there, at `PASSIVE_LEVEL`.
 pub struct SrpTransport<P: Platform> {
-    engine: Arc<Engine<P>>,
-    /// The engine's live connections (see [`ConnRegistry`]): dropped with
-    /// the handle, or handed to the teardown.
-    conns: Arc<ConnRegistry<P>>,
-    /// One slot, for the teardown of a handle dropped started.
-    drop_teardown: DropTeardown<P, Orphan<P>>,
-}
-
-impl<P: Platform> Drop for SrpTransport<P> {
-    /// # IRQL
-    /// <= `DISPATCH_LEVEL`; never blocks, never allocates.
-    fn drop(&mut self) {
-        if !self.engine.running.load(Ordering::Acquire) {
-            // Never started, or stopped: nothing is connected.
-            return;
-        }
-        let orphan = Orphan {
-            engine: Arc::clone(&self.engine),
-            conns: Arc::clone(&self.conns),
-        };
-        self.drop_teardown.hand_over(orphan);
-    }
+    kept: TornDownOnDrop<P, Kept<P>>,
 }
 
 impl<P: Platform> core::fmt::Debug for SrpTransport<P> {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         f.debug_struct("SrpTransport")
-            .field("targets", &self.engine.targets.len())
+            .field("targets", &self.kept.engine.targets.len())
             .finish()
     }
 }
@@ -1522,9 +1508,7 @@ impl<P: Platform> SrpTransport<P> {
         });
         *back.engine.lock(irql) = Arc::downgrade(&engine);
         Ok(SrpTransport {
-            engine,
-            conns,
-            drop_teardown,
+            kept: TornDownOnDrop::new(Kept { engine, conns }, drop_teardown),
         })
     }
 
@@ -1533,7 +1517,7 @@ impl<P: Platform> SrpTransport<P> {
     /// once the handle is gone.
     #[must_use]
     pub fn engine_probe(&self) -> EngineProbe<P> {
-        EngineProbe(Arc::downgrade(&self.engine))
+        EngineProbe(Arc::downgrade(&self.kept.engine))
     }
 
     /// A target's counters.
@@ -1541,7 +1525,7 @@ impl<P: Platform> SrpTransport<P> {
     /// # IRQL
     /// <= `DISPATCH_LEVEL`.
     pub fn target_stats(&self, target: u8, irql: &impl LeDispatch) -> Option<TargetStats> {
-        let t = self.engine.target(target)?;
+        let t = self.kept.engine.target(target)?;
         let c = &t.counters;
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let mut stats = TargetStats {
@@ -1593,7 +1577,7 @@ impl<P: Platform> SrpTransport<P> {
     /// # IRQL
     /// <= `DISPATCH_LEVEL`.
     pub fn open_connections(&self, irql: &impl LeDispatch) -> usize {
-        self.engine.conns_alive(irql)
+        self.kept.engine.conns_alive(irql)
     }
 
     /// The current login's negotiated limits of one channel (tests and
@@ -1607,7 +1591,7 @@ impl<P: Platform> SrpTransport<P> {
         channel: u8,
         irql: &impl LeDispatch,
     ) -> Option<super::login::Negotiated> {
-        let t = self.engine.target(target)?;
+        let t = self.kept.engine.target(target)?;
         let ch = t.channels.get(usize::from(channel))?;
         let conn = ch.state.lock(irql).current()?;
         conn.negotiated(irql)
@@ -1619,7 +1603,7 @@ impl<P: Platform> SrpTransport<P> {
     /// # IRQL
     /// <= `DISPATCH_LEVEL`.
     pub fn channel_qpn(&self, target: u8, channel: u8, irql: &impl LeDispatch) -> Option<u32> {
-        let t = self.engine.target(target)?;
+        let t = self.kept.engine.target(target)?;
         let ch = t.channels.get(usize::from(channel))?;
         let conn = ch.state.lock(irql).current()?;
         Some(conn.qp.qpn())
@@ -1634,15 +1618,15 @@ impl<P: Platform> Transport for SrpTransport<P> {
         command: &ScsiCommand<'_>,
         irql: &impl LeDispatch,
     ) -> Result<Self::Prepared, PrepareError> {
-        self.engine.prepare(command, irql)
+        self.kept.engine.prepare(command, irql)
     }
 
     fn post(&self, prepared: Self::Prepared, irql: &impl LeDispatch) -> Result<(), PostFailed> {
-        self.engine.post(prepared, irql)
+        self.kept.engine.post(prepared, irql)
     }
 
     fn discard(&self, prepared: Self::Prepared, irql: &impl LeDispatch) {
-        self.engine.discard(prepared, irql);
+        self.kept.engine.discard(prepared, irql);
     }
 
     fn abort_task(
@@ -1653,7 +1637,7 @@ impl<P: Platform> Transport for SrpTransport<P> {
         tmf: Tag,
         irql: &impl LeDispatch,
     ) -> Result<(), TmfRefused> {
-        self.engine.abort_task(target, lun, victim, tmf, irql)
+        self.kept.engine.abort_task(target, lun, victim, tmf, irql)
     }
 
     fn reset_lun(
@@ -1663,11 +1647,11 @@ impl<P: Platform> Transport for SrpTransport<P> {
         tmf: Tag,
         irql: &impl LeDispatch,
     ) -> Result<(), TmfRefused> {
-        self.engine.reset_lun(target, lun, tmf, irql)
+        self.kept.engine.reset_lun(target, lun, tmf, irql)
     }
 
     fn reset(&self, irql: &impl LeDispatch) {
-        let e = &self.engine;
+        let e = &self.kept.engine;
         for t in e.targets.iter() {
             let actions = {
                 let mut ctl = t.ctl.lock(irql);
@@ -1686,7 +1670,7 @@ impl<P: Platform> Transport for SrpTransport<P> {
     }
 
     fn start(&self, irql: &Passive<'_>) -> Result<(), StartFailed> {
-        let e = &self.engine;
+        let e = &self.kept.engine;
         e.running.store(true, Ordering::Release);
         for t in e.targets.iter() {
             let actions = {
@@ -1703,6 +1687,6 @@ impl<P: Platform> Transport for SrpTransport<P> {
     }
 
     fn stop(&self, irql: &Passive<'_>) {
-        self.engine.shut_down(irql);
+        self.kept.engine.shut_down(irql);
     }
 }
