@@ -36,9 +36,10 @@
 //! | `RUNNING \| NOTIFIED` | draining, and told to poll again before leaving |
 //!
 //! [`DrainLoop::notify`] sets `NOTIFIED` and schedules a DPC only on the
-//! 0 → `NOTIFIED` edge; the loop clears `NOTIFIED` before each poll and
-//! leaves only by a compare-exchange `RUNNING` → 0, which fails if a
-//! notification came in meanwhile.
+//! 0 → `NOTIFIED` edge; a loop enters by writing exactly `RUNNING`
+//! (clearing `NOTIFIED` for its first poll), clears `NOTIFIED` before each
+//! further poll, and leaves only by a compare-exchange `RUNNING` → 0, which
+//! fails if a notification came in meanwhile.
 
 use core::fmt;
 
@@ -301,60 +302,68 @@ impl DrainLoop {
         }
 
         // The time budget's clock starts when a pass turns out to be more
-        // than one short batch (a full batch, or a second delivering poll):
-        // a pass that delivers one short batch and goes idle — every pass
-        // at low queue depth — reads no clock at all.
+        // than one short batch (a full batch, or a poll after one that
+        // delivered): a pass that delivers one short batch and goes idle —
+        // every pass at low queue depth — reads no clock at all.
         let mut clock: Option<Ticks> = None;
-        let mut delivering_polls = 0u32;
         let mut delivered = 0usize;
         let mut batch: PollBatch<S::Completion> = PollBatch::new();
+        // The enter above left the state exactly `RUNNING`: NOTIFIED is
+        // clear for the first poll (so a pass clears it only before a
+        // poll again, not on every round).
         loop {
-            // Clear NOTIFIED before polling: a notification from here on
-            // means "poll again", and this poll covers everything before.
-            self.state.fetch_and(!NOTIFIED, Ordering::AcqRel);
-            let polled = deliver(source, handler, &mut batch, irql);
-            if polled > 0 {
-                delivered = delivered.saturating_add(polled);
-                delivering_polls = delivering_polls.saturating_add(1);
-                let out_of_time = (polled == POLL_BATCH || delivering_polls > 1) && {
-                    let t = now();
-                    t.since(*clock.get_or_insert(t)) >= budget.ticks
-                };
-                if delivered >= budget.completions || out_of_time {
-                    self.state.store(NOTIFIED, Ordering::Release);
-                    return DrainOutcome::BudgetExhausted { delivered };
-                }
-                if polled == POLL_BATCH {
-                    continue;
-                }
-                // A short batch: the source was empty at this poll. What
-                // landed since was either notified (checked next) or is
-                // caught by the arm (missed events) and the poll after it,
-                // so a second, empty poll here would only cost a round.
-            }
-            if self.state.load(Ordering::Acquire) & NOTIFIED != 0 {
-                continue;
-            }
-            if source.arm(irql) == ArmOutcome::MissedEvents {
-                continue;
-            }
-            // Armed. A completion that landed between the empty poll above
-            // and the arm raised no event: poll once more — unless the arm
-            // itself looked (then it would have answered MissedEvents).
-            if !source.arm_reports_missed_events() {
+            'again: {
                 let polled = deliver(source, handler, &mut batch, irql);
                 if polled > 0 {
+                    // `delivered != 0`: an earlier poll of this pass
+                    // delivered, so this one is its second at least.
+                    let out_of_time = (polled == POLL_BATCH || delivered != 0) && {
+                        let t = now();
+                        t.since(*clock.get_or_insert(t)) >= budget.ticks
+                    };
                     delivered = delivered.saturating_add(polled);
-                    continue;
+                    if delivered >= budget.completions || out_of_time {
+                        self.state.store(NOTIFIED, Ordering::Release);
+                        return DrainOutcome::BudgetExhausted { delivered };
+                    }
+                    if polled == POLL_BATCH {
+                        break 'again;
+                    }
+                    // A short batch: the source was empty at this poll.
+                    // What landed since was either notified (checked next)
+                    // or is caught by the arm (missed events) and the poll
+                    // after it, so a second, empty poll here would only
+                    // cost a round.
+                }
+                if self.state.load(Ordering::Acquire) & NOTIFIED != 0 {
+                    break 'again;
+                }
+                if source.arm(irql) == ArmOutcome::MissedEvents {
+                    break 'again;
+                }
+                // Armed. A completion that landed between the empty poll
+                // above and the arm raised no event: poll once more —
+                // unless the arm itself looked (then it would have
+                // answered MissedEvents).
+                if !source.arm_reports_missed_events() {
+                    let polled = deliver(source, handler, &mut batch, irql);
+                    if polled > 0 {
+                        delivered = delivered.saturating_add(polled);
+                        break 'again;
+                    }
+                }
+                if self
+                    .state
+                    .compare_exchange(RUNNING, 0, Ordering::AcqRel, Ordering::Acquire)
+                    .is_ok()
+                {
+                    return DrainOutcome::Idle { delivered };
                 }
             }
-            if self
-                .state
-                .compare_exchange(RUNNING, 0, Ordering::AcqRel, Ordering::Acquire)
-                .is_ok()
-            {
-                return DrainOutcome::Idle { delivered };
-            }
+            // Poll again. Clear NOTIFIED first: a notification from here
+            // on means "poll again", and this poll covers everything
+            // before.
+            self.state.fetch_and(!NOTIFIED, Ordering::AcqRel);
         }
     }
 }

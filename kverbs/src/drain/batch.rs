@@ -69,6 +69,20 @@ impl<C> PollBatch<C> {
         self.end == POLL_BATCH && self.start != self.end
     }
 
+    /// How many completions [`Self::push`] accepts from now on: all of
+    /// [`POLL_BATCH`] when the batch is empty (it refills from its first
+    /// slot), else the slots after the newest; 0 exactly when
+    /// [`Self::is_full`]. A poll reads it once and counts down, instead of
+    /// asking `is_full` before every completion.
+    #[inline]
+    pub fn room(&self) -> usize {
+        if self.start == self.end {
+            POLL_BATCH
+        } else {
+            POLL_BATCH.saturating_sub(self.end)
+        }
+    }
+
     /// Completions in the batch.
     #[inline]
     pub fn len(&self) -> usize {
@@ -145,26 +159,35 @@ mod tests {
         assert!(b.is_empty());
         for i in 0..POLL_BATCH {
             assert!(!b.is_full());
+            assert_eq!(b.room(), POLL_BATCH - i);
             assert_eq!(b.push(i), Ok(()));
         }
         assert!(b.is_full());
+        assert_eq!(b.room(), 0);
         assert_eq!(b.len(), POLL_BATCH);
         assert_eq!(b.push(99), Err(99));
         assert_eq!(b.take(), Some(0));
         assert_eq!(b.take(), Some(1));
         // Not empty yet: still no room (no wrap-around).
         assert!(b.is_full());
+        assert_eq!(b.room(), 0);
         assert_eq!(b.push(98), Err(98));
         let rest: Vec<usize> = core::iter::from_fn(|| b.take()).collect();
         assert_eq!(rest, (2..POLL_BATCH).collect::<Vec<_>>());
         assert_eq!(b.take(), None);
         // Emptied: refills from the first slot.
         assert!(!b.is_full());
+        assert_eq!(b.room(), POLL_BATCH);
         assert_eq!(b.push(7), Ok(()));
+        assert_eq!(b.room(), POLL_BATCH - 1);
         assert_eq!(b.push(8), Ok(()));
+        // One taken, one left: room only after the newest.
+        assert_eq!(b.take(), Some(7));
+        assert_eq!(b.room(), POLL_BATCH - 2);
+        assert_eq!(b.push(6), Ok(()));
         assert_eq!(
             (b.len(), b.take(), b.take(), b.take()),
-            (2, Some(7), Some(8), None)
+            (2, Some(8), Some(6), None)
         );
     }
 
