@@ -27,6 +27,7 @@
 pub mod driver;
 pub mod interop;
 pub mod iser;
+pub mod teardown;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

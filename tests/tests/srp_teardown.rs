@@ -20,129 +20,30 @@
 //! and releasing as in `Stack::finish`.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use hca_lowlevel::sim::{ExecMode, Fabric, FabricConfig, HcaConfig, SoftHca};
 use kverbs::cm::CmPort;
 use kverbs::device::Device;
-use kverbs::irql::{Dispatch, Passive};
+use kverbs::irql::Passive;
 use kverbs::platform::host::{HostPlatform, VerifierAllocator};
 use kverbs::sync::with_dispatch;
 use kverbs_tests::srp_target::{Misbehaviour, Selector};
+use kverbs_tests::teardown::{CountingEvents, NoData};
 use kverbs_tests::{
     INITIATOR_IP, SrpTarget, StackConfig, TargetSetup, close_initiator, open_initiator, target_ip,
 };
 use kverbs_tools::bench::rdma::wait_until;
 use storport_srp::miniport::transport::{
-    CommandOutcome, CommandResult, ImmediateData, Lun, ScsiCommand, Tag, TargetState, TmfResponse,
-    Transport, TransportEvents, Upcalls,
+    Lun, ScsiCommand, Tag, Transport, TransportEvents, Upcalls,
 };
 use storport_srp::srp::params::parse_add_target;
 use storport_srp::srp::{EngineProbe, SrpTransport};
-use storport_srp::storport::{DataAccessError, DataDirection, QueueAction};
+use storport_srp::storport::{DataDirection, QueueAction};
 
 #[global_allocator]
 static ALLOCATOR: VerifierAllocator = VerifierAllocator;
-
-/// Tags the tests use (each slot counts the completions of one tag).
-const TAGS: usize = 64;
-
-/// Counts every upcall, per tag for completions; allocation-free.
-struct CountingEvents {
-    done: [AtomicU32; TAGS],
-    /// Completions with SCSI status GOOD.
-    good: AtomicU32,
-    /// Completions the transport failed ([`CommandOutcome::Failed`]).
-    failed: AtomicU32,
-    /// Completions for a tag outside `0..TAGS` (never posted).
-    stray: AtomicU32,
-    tmf: AtomicU32,
-    live: AtomicU32,
-    states: AtomicU32,
-    credits: AtomicU32,
-    /// Set when the handle has been dropped.
-    dropped: AtomicBool,
-    /// Upcalls of any kind made after the drop.
-    after_drop: AtomicU32,
-}
-
-impl CountingEvents {
-    fn new() -> Self {
-        CountingEvents {
-            done: std::array::from_fn(|_| AtomicU32::new(0)),
-            good: AtomicU32::new(0),
-            failed: AtomicU32::new(0),
-            stray: AtomicU32::new(0),
-            tmf: AtomicU32::new(0),
-            live: AtomicU32::new(0),
-            states: AtomicU32::new(0),
-            credits: AtomicU32::new(0),
-            dropped: AtomicBool::new(false),
-            after_drop: AtomicU32::new(0),
-        }
-    }
-
-    fn note(&self) {
-        if self.dropped.load(Ordering::Acquire) {
-            self.after_drop.fetch_add(1, Ordering::AcqRel);
-        }
-    }
-
-    fn done_count(&self, tag: usize) -> u32 {
-        self.done[tag].load(Ordering::Acquire)
-    }
-}
-
-impl TransportEvents for CountingEvents {
-    fn command_done(&self, tag: Tag, result: &CommandResult<'_>, _irql: &Dispatch<'_>) {
-        self.note();
-        match self.done.get(tag.raw() as usize) {
-            Some(n) => {
-                n.fetch_add(1, Ordering::AcqRel);
-            }
-            None => {
-                self.stray.fetch_add(1, Ordering::AcqRel);
-            }
-        }
-        match result.outcome {
-            CommandOutcome::Scsi(0) => {
-                self.good.fetch_add(1, Ordering::AcqRel);
-            }
-            CommandOutcome::Failed(_) => {
-                self.failed.fetch_add(1, Ordering::AcqRel);
-            }
-            _ => {}
-        }
-    }
-
-    fn tmf_done(&self, _tag: Tag, _response: TmfResponse, _irql: &Dispatch<'_>) {
-        self.note();
-        self.tmf.fetch_add(1, Ordering::AcqRel);
-    }
-
-    fn target_state(&self, _target: u8, state: TargetState, _irql: &Dispatch<'_>) {
-        self.note();
-        self.states.fetch_add(1, Ordering::AcqRel);
-        if state == TargetState::Live {
-            self.live.fetch_add(1, Ordering::AcqRel);
-        }
-    }
-
-    fn credits_available(&self, _target: u8, _irql: &Dispatch<'_>) {
-        self.note();
-        self.credits.fetch_add(1, Ordering::AcqRel);
-    }
-}
-
-/// No data buffer (TEST UNIT READY has no data phase).
-struct NoData;
-
-impl ImmediateData for NoData {
-    fn read(&self, _offset: u32, _out: &mut [u8]) -> Result<(), DataAccessError> {
-        Err(DataAccessError::OutOfBounds)
-    }
-}
 
 /// The initiator's device and CM and one software target, as
 /// `Stack::new` builds them, without the StorPort model.
@@ -274,7 +175,7 @@ impl Ends {
         level: DropAt,
         p: &Passive<'_>,
     ) {
-        let probe: EngineProbe<HostPlatform> = transport.engine_probe();
+        let probe: EngineProbe = transport.engine_probe();
         assert!(transport.open_connections(p) > 0, "nothing live to drop");
         events.dropped.store(true, Ordering::Release);
         match level {

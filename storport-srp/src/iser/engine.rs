@@ -46,8 +46,8 @@ use crate::iscsi::session::{
     CommandSpec, PreparedCommand, Session, SessionEvents, SessionFailure, SessionState, task_attr,
 };
 use crate::miniport::transport::{
-    CommandOutcome, CommandResult, FailureKind, PostFailed, PrepareError, Residual, ScsiCommand,
-    StartFailed, Tag, TargetState, TmfRefused, TmfResponse, Transport, Upcalls,
+    CommandOutcome, CommandResult, EngineProbe, FailureKind, PostFailed, PrepareError, Residual,
+    ScsiCommand, StartFailed, Tag, TargetState, TmfRefused, TmfResponse, Transport, Upcalls,
 };
 use crate::srp::mapping::{self, PAGE_SHIFT, Run};
 use crate::storport::DataDirection;
@@ -911,25 +911,6 @@ impl<P: Platform> core::fmt::Debug for IserTransport<P> {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         f.debug_struct("IserTransport")
             .field("targets", &self.kept.engine.targets.len())
-            .finish()
-    }
-}
-
-/// A weak view of a transport's engine ([`IserTransport::engine_probe`]).
-pub struct EngineProbe<P: Platform>(Weak<Engine<P>>);
-
-impl<P: Platform> EngineProbe<P> {
-    /// Whether the engine still exists.
-    #[must_use]
-    pub fn is_alive(&self) -> bool {
-        self.0.strong_count() > 0
-    }
-}
-
-impl<P: Platform> core::fmt::Debug for EngineProbe<P> {
-    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.debug_struct("EngineProbe")
-            .field("alive", &self.is_alive())
             .finish()
     }
 }
@@ -2993,8 +2974,8 @@ impl<P: Platform> IserTransport<P> {
     /// A weak view of the engine, for teardown tests: whether anything
     /// still keeps it alive once the handle is gone.
     #[must_use]
-    pub fn engine_probe(&self) -> EngineProbe<P> {
-        EngineProbe(Arc::downgrade(&self.kept.engine))
+    pub fn engine_probe(&self) -> EngineProbe {
+        EngineProbe::new(&self.kept.engine)
     }
 
     /// A target's counters.

@@ -66,4 +66,5 @@ mod engine;
 
 pub use engine::UNSOLICITED_MAX;
 
-pub use engine::{EngineProbe, IserConfig, IserError, IserPrepared, IserStats, IserTransport};
+pub use crate::miniport::transport::EngineProbe;
+pub use engine::{IserConfig, IserError, IserPrepared, IserStats, IserTransport};

@@ -53,7 +53,7 @@
 //!   `DISPATCH_LEVEL`; [`Transport::start`] and [`Transport::stop`] run on
 //!   the passive worker and may block (bounded by the engine's timeouts).
 
-use alloc::sync::Arc;
+use alloc::sync::{Arc, Weak};
 use core::fmt;
 
 use kverbs::irql::{Dispatch, LeDispatch, Passive};
@@ -469,5 +469,32 @@ impl Upcalls {
 impl fmt::Debug for Upcalls {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("Upcalls")
+    }
+}
+
+/// A weak view of a transport's engine (`SrpTransport::engine_probe`,
+/// `IserTransport::engine_probe`): whether it still exists, for tests and
+/// diagnostics of teardown. It keeps nothing alive.
+pub struct EngineProbe(Weak<dyn Send + Sync>);
+
+impl EngineProbe {
+    /// A probe of `engine`.
+    pub(crate) fn new<E: Send + Sync + 'static>(engine: &Arc<E>) -> Self {
+        let weak: Weak<E> = Arc::downgrade(engine);
+        EngineProbe(weak)
+    }
+
+    /// Whether the engine still exists.
+    #[must_use]
+    pub fn is_alive(&self) -> bool {
+        self.0.strong_count() > 0
+    }
+}
+
+impl fmt::Debug for EngineProbe {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EngineProbe")
+            .field("alive", &self.is_alive())
+            .finish()
     }
 }

@@ -50,8 +50,8 @@ use super::params::{Addressing, TargetParams, Timeouts};
 use super::recovery::{Actions, Cause, Recovery};
 use crate::drop_teardown::{DropTeardown, TearDown, TornDownOnDrop};
 use crate::miniport::transport::{
-    FailureKind, PostFailed, PrepareError, ScsiCommand, StartFailed, Tag, TargetState, TmfRefused,
-    Transport, Upcalls,
+    EngineProbe, FailureKind, PostFailed, PrepareError, ScsiCommand, StartFailed, Tag, TargetState,
+    TmfRefused, Transport, Upcalls,
 };
 use crate::wire::Lun;
 use crate::wire::srp::MultiChannelAction;
@@ -1327,25 +1327,6 @@ impl<P: Platform> core::fmt::Debug for SrpTransport<P> {
     }
 }
 
-/// A weak view of a transport's engine ([`SrpTransport::engine_probe`]).
-pub struct EngineProbe<P: Platform>(Weak<Engine<P>>);
-
-impl<P: Platform> EngineProbe<P> {
-    /// Whether the engine still exists.
-    #[must_use]
-    pub fn is_alive(&self) -> bool {
-        self.0.strong_count() > 0
-    }
-}
-
-impl<P: Platform> core::fmt::Debug for EngineProbe<P> {
-    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.debug_struct("EngineProbe")
-            .field("alive", &self.is_alive())
-            .finish()
-    }
-}
-
 /// What the adapter must tell StorPort for these targets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AdapterShape {
@@ -1516,8 +1497,8 @@ impl<P: Platform> SrpTransport<P> {
     /// (a connection's handler, a registry entry) still keeps it alive
     /// once the handle is gone.
     #[must_use]
-    pub fn engine_probe(&self) -> EngineProbe<P> {
-        EngineProbe(Arc::downgrade(&self.kept.engine))
+    pub fn engine_probe(&self) -> EngineProbe {
+        EngineProbe::new(&self.kept.engine)
     }
 
     /// A target's counters.

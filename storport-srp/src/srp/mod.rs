@@ -30,5 +30,6 @@ mod reset_group;
 mod sq_budget;
 pub mod tags;
 
+pub use crate::miniport::transport::EngineProbe;
 pub use channel::SrpPrepared;
-pub use engine::{AdapterShape, EngineProbe, SrpConfig, SrpError, SrpTransport, TargetStats};
+pub use engine::{AdapterShape, SrpConfig, SrpError, SrpTransport, TargetStats};
