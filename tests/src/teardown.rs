@@ -4,12 +4,18 @@
 //! fails any allocation) and a command without data.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::time::Duration;
 
-use kverbs::irql::Dispatch;
+use hca_lowlevel::sim::{ExecMode, Fabric, FabricConfig};
+use kverbs::irql::{Dispatch, Passive};
+use kverbs::platform::host::{HostConfig, HostPlatform};
+use kverbs::sync::with_dispatch;
+use kverbs_tools::bench::rdma::wait_until;
 use storport_srp::miniport::transport::{
-    CommandOutcome, CommandResult, ImmediateData, Tag, TargetState, TmfResponse, TransportEvents,
+    CommandOutcome, CommandResult, EngineProbe, ImmediateData, Lun, ScsiCommand, Tag, TargetState,
+    TmfResponse, Transport, TransportEvents,
 };
-use storport_srp::storport::DataAccessError;
+use storport_srp::storport::{DataAccessError, DataDirection, QueueAction};
 
 /// Tags the tests use (each slot counts the completions of one tag).
 pub const TAGS: usize = 64;
@@ -119,4 +125,84 @@ impl ImmediateData for NoData {
     fn read(&self, _offset: u32, _out: &mut [u8]) -> Result<(), DataAccessError> {
         Err(DataAccessError::OutOfBounds)
     }
+}
+
+/// Prepares and posts TEST UNIT READY under `tag` to target 0, LUN 0.
+///
+/// # Panics
+/// If the transport refuses it.
+pub fn post_tur<T: Transport>(transport: &T, tag: u32, p: &Passive<'_>) {
+    let cdb = [0u8; 6];
+    let command = ScsiCommand {
+        tag: Tag(tag),
+        target: 0,
+        lun: Lun::from_index(0).unwrap_or(Lun([0; 8])),
+        cdb: &cdb,
+        direction: DataDirection::None,
+        transfer_length: 0,
+        task_attribute: QueueAction::Simple,
+        sg_list: &[],
+        immediate: &NoData,
+    };
+    let prepared = transport
+        .prepare(&command, p)
+        .unwrap_or_else(|e| panic!("prepare tag {tag}: {e:?}"));
+    if let Err(e) = transport.post(prepared, p) {
+        panic!("post tag {tag}: {e:?}");
+    }
+}
+
+/// Where a test drops the handle.
+#[derive(Debug, Clone, Copy)]
+pub enum DropAt {
+    /// At `PASSIVE_LEVEL`, as the miniport core would.
+    Passive,
+    /// At `DISPATCH_LEVEL`, as from a DPC: the verifier fails the test if
+    /// the drop blocks, and [`with_fabric`] if it allocates.
+    Dispatch,
+}
+
+/// Drops `transport` at `level` without `stop()` (noted in `events`
+/// first, so later upcalls count as after the drop) and waits (bounded)
+/// for the engine behind `probe` to go.
+///
+/// # Panics
+/// If the engine outlives the handle by 30 s.
+pub fn drop_without_stop<T>(
+    transport: T,
+    probe: &EngineProbe,
+    events: &CountingEvents,
+    level: DropAt,
+    p: &Passive<'_>,
+) {
+    events.dropped.store(true, Ordering::Release);
+    match level {
+        DropAt::Passive => drop(transport),
+        DropAt::Dispatch => with_dispatch::<HostPlatform, _, _>(p, |_d| drop(transport)),
+    }
+    assert!(
+        wait_until(Duration::from_secs(30), || !probe.is_alive()),
+        "the engine outlived its dropped transport handle"
+    );
+}
+
+/// Runs `f` on a fresh host platform (`host`) and a threaded fabric;
+/// checks the verifier saw no allocation at `DISPATCH_LEVEL`.
+///
+/// # Panics
+/// If anything allocated at `DISPATCH_LEVEL`.
+pub fn with_fabric(host: HostConfig, f: impl FnOnce(&HostPlatform, &Fabric, &Passive<'_>)) {
+    let platform = HostPlatform::with_config(host);
+    let fabric = Fabric::new(FabricConfig {
+        mode: ExecMode::Thread,
+        seed: 7,
+        ..FabricConfig::default()
+    });
+    platform.run_passive(|p| f(&platform, &fabric, p));
+    assert_eq!(
+        platform.allocations_at_dispatch(),
+        0,
+        "allocations at DISPATCH_LEVEL"
+    );
+    drop(fabric);
 }

@@ -23,24 +23,20 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use hca_lowlevel::sim::{ExecMode, Fabric, FabricConfig, HcaConfig, SoftHca};
+use hca_lowlevel::sim::{Fabric, HcaConfig, SoftHca};
 use kverbs::cm::CmPort;
 use kverbs::device::Device;
 use kverbs::irql::Passive;
 use kverbs::platform::host::{HostPlatform, VerifierAllocator};
-use kverbs::sync::with_dispatch;
 use kverbs_tests::srp_target::{Misbehaviour, Selector};
-use kverbs_tests::teardown::{CountingEvents, NoData};
+use kverbs_tests::teardown::{CountingEvents, DropAt, drop_without_stop, post_tur, with_fabric};
 use kverbs_tests::{
     INITIATOR_IP, SrpTarget, StackConfig, TargetSetup, close_initiator, open_initiator, target_ip,
 };
 use kverbs_tools::bench::rdma::wait_until;
-use storport_srp::miniport::transport::{
-    Lun, ScsiCommand, Tag, Transport, TransportEvents, Upcalls,
-};
+use storport_srp::miniport::transport::{Transport, TransportEvents, Upcalls};
 use storport_srp::srp::params::parse_add_target;
 use storport_srp::srp::{EngineProbe, SrpTransport};
-use storport_srp::storport::{DataDirection, QueueAction};
 
 #[global_allocator]
 static ALLOCATOR: VerifierAllocator = VerifierAllocator;
@@ -135,28 +131,6 @@ impl Ends {
         transport
     }
 
-    /// Prepares and posts TEST UNIT READY under `tag`.
-    fn post_tur(transport: &SrpTransport<HostPlatform>, tag: u32, p: &Passive<'_>) {
-        let cdb = [0u8; 6];
-        let command = ScsiCommand {
-            tag: Tag(tag),
-            target: 0,
-            lun: Lun::from_index(0).unwrap_or(Lun([0; 8])),
-            cdb: &cdb,
-            direction: DataDirection::None,
-            transfer_length: 0,
-            task_attribute: QueueAction::Simple,
-            sg_list: &[],
-            immediate: &NoData,
-        };
-        let prepared = transport
-            .prepare(&command, p)
-            .unwrap_or_else(|e| panic!("prepare tag {tag}: {e:?}"));
-        if let Err(e) = transport.post(prepared, p) {
-            panic!("post tag {tag}: {e:?}");
-        }
-    }
-
     /// Drops the handle without `stop()` and checks the engine goes.
     fn drop_live(
         &self,
@@ -177,17 +151,7 @@ impl Ends {
     ) {
         let probe: EngineProbe = transport.engine_probe();
         assert!(transport.open_connections(p) > 0, "nothing live to drop");
-        events.dropped.store(true, Ordering::Release);
-        match level {
-            DropAt::Passive => drop(transport),
-            // As from a DPC: the verifier fails the test if the drop
-            // blocks, and `with_fabric` if it allocates.
-            DropAt::Dispatch => with_dispatch::<HostPlatform, _, _>(p, |_d| drop(transport)),
-        }
-        assert!(
-            wait_until(Duration::from_secs(30), || !probe.is_alive()),
-            "the SRP engine outlived its dropped transport handle"
-        );
+        drop_without_stop(transport, &probe, events, level, p);
     }
 
     /// As `Stack::finish`: the target stops cleanly and saw no protocol
@@ -209,33 +173,15 @@ impl Ends {
     }
 }
 
-/// Runs `f` on a fresh host platform and fabric; checks the verifier saw
-/// no violation (no allocation at `DISPATCH_LEVEL`).
-fn with_fabric(f: impl FnOnce(&HostPlatform, &Fabric, &Passive<'_>)) {
-    let platform = HostPlatform::with_config(StackConfig::default().host);
-    let fabric = Fabric::new(FabricConfig {
-        mode: ExecMode::Thread,
-        seed: 7,
-        ..FabricConfig::default()
-    });
-    platform.run_passive(|p| f(&platform, &fabric, p));
-    assert_eq!(
-        platform.allocations_at_dispatch(),
-        0,
-        "allocations at DISPATCH_LEVEL"
-    );
-    drop(fabric);
-}
-
 #[test]
 fn live_transport_dropped_without_stop_lets_go_of_everything() {
     let events = Arc::new(CountingEvents::new());
-    with_fabric(|platform, fabric, p| {
+    with_fabric(StackConfig::default().host, |platform, fabric, p| {
         let ends = build_ends(platform, fabric, p);
         let transport = ends.start_transport(&events, 2, p);
         // A few commands through prepare/post, each completed once.
         for tag in 0..8 {
-            Ends::post_tur(&transport, tag, p);
+            post_tur(&transport, tag, p);
         }
         assert!(
             wait_until(Duration::from_secs(30), || {
@@ -265,10 +211,10 @@ fn transport_dropped_with_commands_in_flight() {
     let events = Arc::new(CountingEvents::new());
     let in_flight = 6u32;
     let mut after_drop = 0;
-    with_fabric(|platform, fabric, p| {
+    with_fabric(StackConfig::default().host, |platform, fabric, p| {
         let ends = build_ends(platform, fabric, p);
         let transport = ends.start_transport(&events, 1, p);
-        Ends::post_tur(&transport, 0, p);
+        post_tur(&transport, 0, p);
         assert!(wait_until(Duration::from_secs(30), || events.done_count(0) == 1));
         // The target swallows every response from now on: the next
         // commands stay outstanding in the engine at the drop.
@@ -280,7 +226,7 @@ fn transport_dropped_with_commands_in_flight() {
             p,
         );
         for tag in 1..=in_flight {
-            Ends::post_tur(&transport, tag, p);
+            post_tur(&transport, tag, p);
         }
         assert!(
             wait_until(Duration::from_secs(10), || {
@@ -326,20 +272,13 @@ fn transport_dropped_with_commands_in_flight() {
     assert_eq!(Arc::strong_count(&events), 1, "the engine's Upcalls freed");
 }
 
-/// Where a test drops the handle.
-#[derive(Debug, Clone, Copy)]
-enum DropAt {
-    Passive,
-    Dispatch,
-}
-
 /// A dropped handle disconnects its channels: the initiator's CM lets go
 /// of every connection and the target sees its channels go, both before
 /// the target is stopped (which would end them from its side).
 fn dropped_transport_disconnects_its_channels(level: DropAt) {
     let events = Arc::new(CountingEvents::new());
     let mut report = None;
-    with_fabric(|platform, fabric, p| {
+    with_fabric(StackConfig::default().host, |platform, fabric, p| {
         let ends = build_ends(platform, fabric, p);
         let transport = ends.start_transport(&events, 2, p);
         ends.drop_live_at(transport, &events, level, p);
