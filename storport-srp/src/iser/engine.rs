@@ -48,6 +48,7 @@ use crate::iscsi::session::{
 use crate::miniport::transport::{
     CommandOutcome, CommandResult, EngineProbe, FailureKind, PostFailed, PrepareError, Residual,
     ScsiCommand, StartFailed, Tag, TargetState, TmfRefused, TmfResponse, Transport, Upcalls,
+    wait_bounded,
 };
 use crate::srp::mapping::{self, PAGE_SHIFT, Run};
 use crate::storport::DataDirection;
@@ -2719,23 +2720,16 @@ impl<P: Platform> Engine<P> {
                 self.transmit_control(t, &mut st, irql);
             }
         }
-        let step = Duration::from_millis(1);
-        let mut waited = Duration::ZERO;
-        while waited < LOGOUT_WAIT {
-            let done = self.targets.iter().all(|t| {
+        wait_bounded(self.device.platform(), LOGOUT_WAIT, irql, || {
+            self.targets.iter().all(|t| {
                 let st = t.st.lock(irql);
                 st.phase != Phase::Full
                     || matches!(
                         st.session.as_ref().map(Session::state),
                         Some(SessionState::LoggedOut { .. }) | None
                     )
-            });
-            if done {
-                break;
-            }
-            self.device.platform().delay(step, irql);
-            waited += step;
-        }
+            })
+        });
         for t in self.targets.iter() {
             let conn = {
                 let mut st = t.st.lock(irql);
@@ -2751,17 +2745,11 @@ impl<P: Platform> Engine<P> {
             self.report_state(t, irql);
         }
         self.running.store(false, Ordering::Release);
-        let mut waited = Duration::ZERO;
-        while waited < STOP_WAIT {
-            let idle = self.conns_alive.load(Ordering::Acquire) == 0
+        wait_bounded(self.device.platform(), STOP_WAIT, irql, || {
+            self.conns_alive.load(Ordering::Acquire) == 0
                 && self.slow.as_ref().is_none_or(|q| q.in_use(irql) == 0)
-                && self.targets.iter().all(|t| t.st.lock(irql).conn.is_none());
-            if idle {
-                break;
-            }
-            self.device.platform().delay(step, irql);
-            waited += step;
-        }
+                && self.targets.iter().all(|t| t.st.lock(irql).conn.is_none())
+        });
         for t in self.targets.iter() {
             t.timer.cancel(irql);
             let mut st = t.st.lock(irql);

@@ -498,3 +498,28 @@ impl fmt::Debug for EngineProbe {
             .finish()
     }
 }
+
+/// Checks `done` every millisecond, sleeping between checks, until it
+/// holds or `limit` has passed; whether it held. An engine's stop waits
+/// with it for what it started (logouts, disconnects, releases), each
+/// step of which is bounded itself.
+///
+/// # IRQL
+/// `PASSIVE_LEVEL` (sleeps).
+pub(crate) fn wait_bounded<P: kverbs::platform::Platform>(
+    platform: &P,
+    limit: core::time::Duration,
+    irql: &Passive<'_>,
+    mut done: impl FnMut() -> bool,
+) -> bool {
+    let step = core::time::Duration::from_millis(1);
+    let mut waited = core::time::Duration::ZERO;
+    while waited < limit {
+        if done() {
+            return true;
+        }
+        platform.delay(step, irql);
+        waited += step;
+    }
+    done()
+}

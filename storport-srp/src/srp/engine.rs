@@ -51,7 +51,7 @@ use super::recovery::{Actions, Cause, Recovery};
 use crate::drop_teardown::{DropTeardown, TearDown, TornDownOnDrop};
 use crate::miniport::transport::{
     EngineProbe, FailureKind, PostFailed, PrepareError, ScsiCommand, StartFailed, Tag, TargetState,
-    TmfRefused, Transport, Upcalls,
+    TmfRefused, Transport, Upcalls, wait_bounded,
 };
 use crate::wire::Lun;
 use crate::wire::srp::MultiChannelAction;
@@ -1233,21 +1233,14 @@ impl<P: Platform> Engine<P> {
         self.running.store(false, Ordering::Release);
         // Bounded wait: every teardown step is bounded (CM disconnect does
         // not wait for the peer; flush and destroy are local).
-        let step = Duration::from_millis(1);
-        let mut waited = Duration::ZERO;
-        while waited < STOP_WAIT {
-            let idle = self.conns_alive(irql) == 0
+        wait_bounded(self.device.platform(), STOP_WAIT, irql, || {
+            self.conns_alive(irql) == 0
                 && self.slow.as_ref().is_none_or(|q| q.in_use(irql) == 0)
                 && self
                     .targets
                     .iter()
-                    .all(|t| t.channels.iter().all(|c| c.is_idle(irql)));
-            if idle {
-                break;
-            }
-            self.device.platform().delay(step, irql);
-            waited += step;
-        }
+                    .all(|t| t.channels.iter().all(|c| c.is_idle(irql)))
+        });
         for t in self.targets.iter() {
             t.timer.cancel(irql);
             for ch in t.channels.iter() {
