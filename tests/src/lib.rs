@@ -663,13 +663,7 @@ impl Stack {
             assert!(engine_gone, "the SRP engine outlived its transport");
             for (i, t) in self.targets.iter_mut().enumerate() {
                 if let Some(srp) = t.srp.as_ref() {
-                    // The initiator never broke the protocol.
-                    let c = srp.counters();
-                    assert_eq!(
-                        (c.credit_violations, c.malformed_ius, c.bad_descriptors),
-                        (0, 0, 0),
-                        "target {i}: credit violations, malformed IUs, bad descriptors"
-                    );
+                    assert_initiator_kept_protocol(srp, i);
                 }
                 if let Some(srp) = t.srp.take() {
                     if let Err(e) = srp.stop(p) {
@@ -1004,4 +998,18 @@ impl crate::driver::FullStack for Stack {
     fn scsi(&self, target: u8) -> Arc<kverbs_tools::scsi_target::ScsiTarget> {
         Arc::clone(self.target(usize::from(target)).scsi())
     }
+}
+
+/// Asserts the initiator never broke the SRP protocol as target `index`
+/// saw it: no credit violation, malformed IU or bad descriptor.
+///
+/// # Panics
+/// If the target counted any.
+pub fn assert_initiator_kept_protocol(target: &SrpTarget, index: usize) {
+    let c = target.counters();
+    assert_eq!(
+        (c.credit_violations, c.malformed_ius, c.bad_descriptors),
+        (0, 0, 0),
+        "target {index}: credit violations, malformed IUs, bad descriptors"
+    );
 }

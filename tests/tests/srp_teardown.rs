@@ -31,7 +31,8 @@ use kverbs::platform::host::{HostPlatform, VerifierAllocator};
 use kverbs_tests::srp_target::{Misbehaviour, Selector};
 use kverbs_tests::teardown::{CountingEvents, DropAt, drop_without_stop, post_tur, with_fabric};
 use kverbs_tests::{
-    INITIATOR_IP, SrpTarget, StackConfig, TargetSetup, close_initiator, open_initiator, target_ip,
+    INITIATOR_IP, SrpTarget, StackConfig, TargetSetup, assert_initiator_kept_protocol,
+    close_initiator, open_initiator, target_ip,
 };
 use kverbs_tools::bench::rdma::wait_until;
 use storport_srp::miniport::transport::{Transport, TransportEvents, Upcalls};
@@ -159,12 +160,7 @@ impl Ends {
     /// closes.
     fn finish(mut self, p: &Passive<'_>) {
         if let Some(target) = self.target.take() {
-            let c = target.counters();
-            assert_eq!(
-                (c.credit_violations, c.malformed_ius, c.bad_descriptors),
-                (0, 0, 0),
-                "credit violations, malformed IUs, bad descriptors"
-            );
+            assert_initiator_kept_protocol(&target, 0);
             if let Err(e) = target.stop(p) {
                 panic!("target stop: {e}");
             }
