@@ -21,7 +21,7 @@ use kverbs::drain::Budget;
 use kverbs::hostdev::VerifiedHca;
 use kverbs::irql::{Dispatch, Passive};
 use kverbs::mr::{FrPool, Mr};
-use kverbs::platform::host::{HostConfig, HostMode, HostPlatform};
+use kverbs::platform::host::HostPlatform;
 use kverbs::qp::{NoQpEvents, Qp, QpConfig};
 use kverbs::wr::{Completion, FastReg, Payload, SendWr, Signal};
 
@@ -100,10 +100,7 @@ fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(20_000);
-    let platform = HostPlatform::with_config(HostConfig {
-        mode: HostMode::Manual,
-        ..HostConfig::default()
-    });
+    let platform = HostPlatform::manual();
     let fabric = Fabric::stepped();
     platform.run_passive(|p| {
         let ha = fabric.add_hca(HcaConfig::new([10, 0, 0, 1]));

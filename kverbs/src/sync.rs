@@ -477,22 +477,15 @@ impl<T: core::fmt::Debug> core::fmt::Debug for SetOnce<T> {
 #[cfg(all(test, feature = "host", not(loom)))]
 mod tests {
     use super::*;
-    use crate::platform::host::{HostConfig, HostMode, HostPlatform};
+    use crate::platform::host::HostPlatform;
 
     type Lock<T> = SpinLock<T, HostPlatform>;
-
-    fn manual() -> HostPlatform {
-        HostPlatform::with_config(HostConfig {
-            mode: HostMode::Manual,
-            ..HostConfig::default()
-        })
-    }
 
     // These run under Miri too (`cargo +nightly miri test -p kverbs --lib
     // sync::`): they exercise every unsafe block in this module.
     #[test]
     fn guards_give_exclusive_access_and_restore_the_level() {
-        let platform = manual();
+        let platform = HostPlatform::manual();
         let lock = Lock::new(alloc::vec![1u32, 2, 3]);
         platform.run_passive(|p| {
             {
@@ -525,7 +518,7 @@ mod tests {
 
     #[test]
     fn with_dispatch_on_a_dispatch_token_runs_in_place() {
-        let platform = manual();
+        let platform = HostPlatform::manual();
         let lock = Lock::new(0u32);
         platform.run_at_dispatch(|d| {
             with_dispatch::<HostPlatform, _, _>(d, |dd| {
@@ -541,7 +534,7 @@ mod tests {
 
     #[test]
     fn with_dispatch_on_a_false_dispatch_token_is_a_violation() {
-        let platform = manual();
+        let platform = HostPlatform::manual();
         platform.run_passive(|_p| {
             // SAFETY: deliberately false (the thread is at PASSIVE_LEVEL):
             // the verifier must notice when `with_dispatch` trusts it.

@@ -183,18 +183,9 @@ mod tests {
     use alloc::sync::{Arc, Weak};
     use core::sync::atomic::{AtomicUsize, Ordering};
 
-    use kverbs::platform::host::{HostConfig, HostMode, HostPlatform};
+    use kverbs::platform::host::HostPlatform;
 
     use super::*;
-
-    /// Routines run only when the test says so: the teardown's work item
-    /// waits until the test (or a stalled drop) runs it.
-    fn manual() -> HostPlatform {
-        HostPlatform::with_config(HostConfig {
-            mode: HostMode::Manual,
-            ..HostConfig::default()
-        })
-    }
 
     /// Stands for the engine.
     struct Engine;
@@ -260,7 +251,7 @@ mod tests {
 
     #[test]
     fn dropped_running_the_teardown_holds_the_only_references() {
-        let platform = manual();
+        let platform = HostPlatform::manual();
         let (handle, engine, seen) = handle(&platform, true);
         assert!(
             handle.needs_tear_down(),
@@ -286,7 +277,7 @@ mod tests {
 
     #[test]
     fn dropped_stopped_it_goes_at_once() {
-        let platform = manual();
+        let platform = HostPlatform::manual();
         let (handle, engine, seen) = handle(&platform, false);
         drop(handle);
         assert_eq!(engine.strong_count(), 0, "the plain drop let the engine go");

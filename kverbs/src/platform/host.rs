@@ -1102,6 +1102,17 @@ impl HostPlatform {
         Self::with_config(HostConfig::default())
     }
 
+    /// A manual-mode platform with the default configuration otherwise:
+    /// queued routines run only when the caller steps them (tests and
+    /// stepped benchmarks).
+    #[must_use]
+    pub fn manual() -> Self {
+        Self::with_config(HostConfig {
+            mode: HostMode::Manual,
+            ..HostConfig::default()
+        })
+    }
+
     /// A platform with `config`; starts its threads in threaded mode.
     pub fn with_config(config: HostConfig) -> Self {
         let processors = config.processors.max(1);

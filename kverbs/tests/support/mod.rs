@@ -4,7 +4,7 @@
 
 #![allow(dead_code, reason = "each test binary uses a different subset")]
 
-use kverbs::platform::host::{HostConfig, HostMode, HostPlatform, VerifierAllocator};
+use kverbs::platform::host::{HostPlatform, VerifierAllocator};
 
 #[global_allocator]
 static ALLOCATOR: VerifierAllocator = VerifierAllocator;
@@ -16,10 +16,7 @@ pub fn threaded() -> HostPlatform {
 
 /// A manual-mode host platform: nothing runs until the test says so.
 pub fn manual() -> HostPlatform {
-    HostPlatform::with_config(HostConfig {
-        mode: HostMode::Manual,
-        ..HostConfig::default()
-    })
+    HostPlatform::manual()
 }
 
 /// A count from the environment (for the big sweeps), or `default`.

@@ -17,7 +17,7 @@ use kverbs::device::{Device, DeviceConfig};
 use kverbs::hostdev::VerifiedHca;
 use kverbs::irql::{Dispatch, Passive};
 use kverbs::pd::Pd;
-use kverbs::platform::host::{HostConfig, HostMode, HostPlatform, VerifierAllocator};
+use kverbs::platform::host::{HostPlatform, VerifierAllocator};
 use kverbs::qp::{NoQpEvents, Qp, QpConfig, QpHandler};
 use kverbs::wr::Completion;
 
@@ -60,10 +60,7 @@ impl World {
     pub fn with_seed(mode: Mode, seed: u64) -> Self {
         let platform = match mode {
             Mode::Threaded => HostPlatform::new(),
-            Mode::Stepped => HostPlatform::with_config(HostConfig {
-                mode: HostMode::Manual,
-                ..HostConfig::default()
-            }),
+            Mode::Stepped => HostPlatform::manual(),
         };
         let fabric = Fabric::new(FabricConfig {
             mode: match mode {

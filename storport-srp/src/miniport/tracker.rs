@@ -721,14 +721,7 @@ impl<R> Tracker<R> {
 mod tests {
     use super::*;
     use crate::storport::SrbIdentity;
-    use kverbs::platform::host::{HostConfig, HostMode, HostPlatform};
-
-    fn manual() -> HostPlatform {
-        HostPlatform::with_config(HostConfig {
-            mode: HostMode::Manual,
-            ..HostConfig::default()
-        })
-    }
+    use kverbs::platform::host::HostPlatform;
 
     fn meta(id: u64) -> Meta {
         Meta {
@@ -827,7 +820,7 @@ mod tests {
 
     #[test]
     fn a_parked_request_comes_out_once() {
-        let platform = manual();
+        let platform = HostPlatform::manual();
         platform.run_passive(|p| {
             let t: Tracker<Req> = Tracker::new(4, p);
             let tag = t.reserve(meta(7), p).unwrap();
@@ -843,7 +836,7 @@ mod tests {
 
     #[test]
     fn a_stale_tag_does_not_reach_the_reused_slot() {
-        let platform = manual();
+        let platform = HostPlatform::manual();
         platform.run_passive(|p| {
             let t: Tracker<Req> = Tracker::new(1, p);
             let old = t.reserve(meta(1), p).unwrap();
@@ -863,7 +856,7 @@ mod tests {
     /// reused slot is in. Fails if any transition compares the phase only.
     #[test]
     fn every_transition_checks_the_generation() {
-        let platform = manual();
+        let platform = HostPlatform::manual();
         platform.run_passive(|p| {
             let t: Tracker<Req> = Tracker::new(1, p);
             let old = t.reserve(meta(1), p).unwrap();
@@ -951,7 +944,7 @@ mod tests {
         use std::sync::Arc;
         use std::sync::atomic::AtomicUsize;
         let rounds = u64::from(stress_rounds());
-        let platform = manual();
+        let platform = HostPlatform::manual();
         let t: Arc<Tracker<Req>> = Arc::new(platform.run_passive(|p| Tracker::new(4, p)));
         // The latest (identity << 32 | tag) each owner handed out.
         let latest: Arc<Vec<AtomicU64>> = Arc::new((0..2).map(|_| AtomicU64::new(0)).collect());
@@ -1032,7 +1025,7 @@ mod tests {
 
     #[test]
     fn full_table_refuses_and_release_returns_the_slot() {
-        let platform = manual();
+        let platform = HostPlatform::manual();
         platform.run_passive(|p| {
             let t: Tracker<Req> = Tracker::new(2, p);
             let a = t.reserve(meta(1), p).unwrap();
@@ -1047,7 +1040,7 @@ mod tests {
 
     #[test]
     fn abort_and_reset_claim_reserved_requests() {
-        let platform = manual();
+        let platform = HostPlatform::manual();
         platform.run_passive(|p| {
             let t: Tracker<Req> = Tracker::new(4, p);
             let a = t.reserve(meta(1), p).unwrap();
@@ -1084,7 +1077,7 @@ mod tests {
 
     #[test]
     fn take_filters_by_kind() {
-        let platform = manual();
+        let platform = HostPlatform::manual();
         platform.run_passive(|p| {
             let t: Tracker<Req> = Tracker::new(2, p);
             let mut m = meta(1);

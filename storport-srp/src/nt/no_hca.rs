@@ -158,7 +158,7 @@ mod tests {
     use crate::nt::params::{Attachment, Protocol, Tunables};
     use crate::storport::host::{HostPort, ModelConfig, RequestSpec, RequestState, StorPortModel};
     use crate::storport::{Address, SrbFunction, SrbStatus};
-    use kverbs::platform::host::{HostConfig, HostMode, HostPlatform};
+    use kverbs::platform::host::HostPlatform;
 
     type Model = StorPortModel<Adapter<HostPort, NoHca<HostPlatform>>>;
 
@@ -189,10 +189,7 @@ mod tests {
     /// (exactly-once, IRQL, no allocation at DISPATCH) pass.
     #[test]
     fn the_core_over_no_hca_answers_truthfully() {
-        let platform = HostPlatform::with_config(HostConfig {
-            mode: HostMode::Manual,
-            ..HostConfig::default()
-        });
+        let platform = HostPlatform::manual();
         platform.run_passive(|p| {
             let mut model = Model::new(&platform, ModelConfig::default(), p);
             let context = core_context::<HostPort>(&settings(2, b"QueueSize=16"));
@@ -235,10 +232,7 @@ mod tests {
 
     #[test]
     fn the_transport_refuses_everything_it_cannot_carry() {
-        let platform = HostPlatform::with_config(HostConfig {
-            mode: HostMode::Manual,
-            ..HostConfig::default()
-        });
+        let platform = HostPlatform::manual();
         let recorded = alloc::sync::Arc::new(Recorder::default());
         let t: NoHca<HostPlatform> = NoHca::new(Upcalls::new(recorded.clone()), 3);
         platform.run_passive(|p| {

@@ -11,7 +11,7 @@ pub mod scsi;
 use std::time::Duration;
 
 use kverbs::irql::Passive;
-use kverbs::platform::host::{HostConfig, HostMode, HostPlatform, VerifierAllocator};
+use kverbs::platform::host::{HostConfig, HostPlatform, VerifierAllocator};
 use storport_srp::miniport::{Adapter, AdapterConfig, CoreContext, TMF_SLOTS};
 use storport_srp::storport::Address;
 use storport_srp::storport::host::{
@@ -30,10 +30,7 @@ pub type Model = StorPortModel<Miniport>;
 
 /// A manual-mode platform: nothing runs until the test says so.
 pub fn manual() -> HostPlatform {
-    HostPlatform::with_config(HostConfig {
-        mode: HostMode::Manual,
-        ..HostConfig::default()
-    })
+    HostPlatform::manual()
 }
 
 /// A threaded platform with `processors` DPC threads.

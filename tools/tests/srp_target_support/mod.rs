@@ -31,7 +31,7 @@ use kverbs::hostdev::VerifiedHca;
 use kverbs::irql::{Dispatch, Passive};
 use kverbs::mr::Mr;
 use kverbs::pd::Pd;
-use kverbs::platform::host::{HostConfig, HostMode, HostPlatform, VerifierAllocator};
+use kverbs::platform::host::{HostPlatform, VerifierAllocator};
 use kverbs::qp::{Qp, QpConfig, QpHandler};
 use kverbs::wire::{IbTimeout, PathMtu, PortSpace, RejectReason as CmReject, ServiceId};
 use kverbs::wr::{Completion, Payload, SendWr, Signal, WcStatus};
@@ -128,10 +128,7 @@ pub fn run_in(
 ) {
     let platform = match mode {
         Mode::Threaded => HostPlatform::new(),
-        Mode::Stepped => HostPlatform::with_config(HostConfig {
-            mode: HostMode::Manual,
-            ..HostConfig::default()
-        }),
+        Mode::Stepped => HostPlatform::manual(),
     };
     let fabric = Fabric::new(FabricConfig {
         mode: match mode {
