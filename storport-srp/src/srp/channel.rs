@@ -767,6 +767,10 @@ impl<P: Platform> Engine<P> {
             };
             (index, conn, neg)
         };
+        // The slot keeps the one reference taken above; from here the
+        // connection is named by its epoch (unique per channel, as in
+        // `return_reservation`).
+        let epoch = conn.epoch;
         let Some(slot_lock) = ch.slots.get(usize::from(index)) else {
             return Err(Refusal::Failed(FailureKind::Unsupported));
         };
@@ -774,7 +778,10 @@ impl<P: Platform> Engine<P> {
             let mut s = slot_lock.lock(irql);
             let r = self.setup_slot(t, &mut s, index, &conn, &neg, command, irql);
             match r {
-                Ok(()) => Ok((s.generation, s.budget)),
+                Ok(()) => {
+                    s.conn = Some(conn);
+                    Ok((s.generation, s.budget))
+                }
                 Err(e) => {
                     s.clear();
                     Err(e)
@@ -784,7 +791,7 @@ impl<P: Platform> Engine<P> {
         let undo = |refusal: Refusal| {
             let mut st = ch.state.lock(irql);
             let _ = st.free.push(index);
-            if st.is_current(&conn) {
+            if st.epoch_is(epoch) {
                 st.credits.give_back();
                 if matches!(refusal, Refusal::Busy) {
                     st.credits.note_starved();
@@ -798,7 +805,7 @@ impl<P: Platform> Engine<P> {
         };
         // The room is known only now; it is reserved without the channel
         // lock (`SqBudget` is tagged with the epoch it counts for).
-        if let Err(refused) = ch.sq.reserve(conn.epoch, budget) {
+        if let Err(refused) = ch.sq.reserve(epoch, budget) {
             let e = match refused {
                 SqRefused::Closed => Refusal::Down,
                 SqRefused::Full => {
@@ -823,7 +830,9 @@ impl<P: Platform> Engine<P> {
         })
     }
 
-    /// Fills a slot for `command` (under the slot's lock).
+    /// Fills a slot for `command` (under the slot's lock). The caller
+    /// then moves its reference to `conn` into the slot (one count per
+    /// command, not two).
     #[expect(clippy::too_many_arguments, reason = "the parts of a command")]
     fn setup_slot(
         &self,
@@ -836,7 +845,6 @@ impl<P: Platform> Engine<P> {
         irql: &impl LeDispatch,
     ) -> Result<(), Refusal> {
         s.phase = SlotPhase::Prepared;
-        s.conn = Some(Arc::clone(conn));
         s.epoch = conn.epoch;
         s.core = command.tag;
         s.lun = command.lun;
@@ -1036,13 +1044,19 @@ impl<P: Platform> Engine<P> {
             }
             let r = if s.lost {
                 Err((t.failure_kind(), false))
+            } else if let Some(conn) = s.conn.take() {
+                // The slot's reference is lent to the post (no count taken
+                // for it) and put back before the lock is let go.
+                let r = self.post_locked(t, &mut s, &conn, prepared.slot, irql);
+                s.conn = Some(conn);
+                r
             } else {
-                self.post_locked(t, &mut s, prepared.slot, irql)
+                Err((FailureKind::ConnectionReset, false))
             };
             match r {
                 Ok(()) => Ok(()),
                 Err(e) => {
-                    let undo = (s.epoch, s.budget, s.conn.clone());
+                    let undo = (s.epoch, s.budget, s.conn.take());
                     s.clear();
                     Err((e, undo))
                 }
@@ -1064,19 +1078,17 @@ impl<P: Platform> Engine<P> {
         }
     }
 
-    /// Posts a prepared slot; `Err((kind, broken))` with nothing sent —
-    /// `broken` when the connection must end (a half-built batch).
+    /// Posts a prepared slot on `conn` (the slot's own connection, lent
+    /// by the caller); `Err((kind, broken))` with nothing sent — `broken`
+    /// when the connection must end (a half-built batch).
     fn post_locked(
         &self,
         t: &Target<P>,
         s: &mut CmdSlot<P>,
+        conn: &Arc<Conn<P>>,
         index: u16,
         irql: &impl LeDispatch,
     ) -> Result<(), (FailureKind, bool)> {
-        let conn = s
-            .conn
-            .clone()
-            .ok_or((FailureKind::ConnectionReset, false))?;
         let Ok(mut batch) = conn.qp.begin_send(irql) else {
             return Err((t.failure_kind(), false));
         };
@@ -1202,12 +1214,11 @@ impl<P: Platform> Engine<P> {
             }
             return Err((FailureKind::ConnectionReset, true));
         }
-        // Visible to completions from here: they wait for this lock.
+        // Visible to completions from here: they wait for this lock. The
+        // completion state is as `clear` (or `new`) left it: nothing but a
+        // posted slot's completions changes it.
+        debug_assert!(!s.send_done && s.response.is_none() && !s.inv_done && !s.invalidating);
         s.phase = SlotPhase::Posted;
-        s.send_done = false;
-        s.response = None;
-        s.inv_done = false;
-        s.invalidating = false;
         batch.commit();
         Ok(())
     }
