@@ -412,8 +412,9 @@ impl<P: Platform> CmdSlot<P> {
 
     /// Back to free, with a new generation (the spare MR stays).
     ///
-    /// Inlined: once per command, a handful of stores.
-    #[inline]
+    /// Inlined (always: a plain hint left it a call from the completion
+    /// that finishes the command, which passes here once per command).
+    #[inline(always)]
     fn clear(&mut self) {
         self.drop_mrs_but_spare();
         self.phase = SlotPhase::Free;
