@@ -398,9 +398,9 @@ impl<P: Platform> CmdSlot<P> {
 
     /// Drops every MR but entry 0, which stays as the slot's spare.
     ///
-    /// Inlined: twice per command with MRs (after the LOCAL_INVs, and at
-    /// `clear`), and for the usual one-run command it is one compare.
-    #[inline]
+    /// Inlined (always: a plain hint left it a call after the
+    /// LOCAL_INVs): for the usual one-run command it is one compare.
+    #[inline(always)]
     fn drop_mrs_but_spare(&mut self) {
         if self.plan.runs > 1 {
             let end = self.plan.runs.min(self.mrs.len());
