@@ -356,6 +356,12 @@ impl<P: Platform> CmdSlot<P> {
         self.plan.runs
     }
 
+    /// The CDB as the short `SRP_CMD`'s 16-byte field holds it (only for
+    /// a CDB of up to 16 bytes: [`store_cdb`] zero-pads those).
+    fn cdb_field(&self) -> &[u8; cmd::CDB_LEN] {
+        self.cdb.first_chunk().unwrap_or(&[0; cmd::CDB_LEN])
+    }
+
     /// The command's fixed parts under wire tag `tag`, its first `runs`
     /// descriptors and the scratch buffer the general emitters write
     /// into: disjoint borrows of the slot, so one `CommandHeader` literal
@@ -675,6 +681,19 @@ fn short_data(
     }
 }
 
+/// Keeps `cdb` in a slot's CDB buffer, the 16-byte field the short
+/// `SRP_CMD` copies whole ([`CmdSlot::cdb_field`]) zeroed first: a CDB of
+/// up to 16 bytes is left zero-padded in it.
+#[inline(always)]
+fn store_cdb(dst: &mut [u8; 32], cdb: &[u8]) {
+    if let Some(field) = dst.first_chunk_mut::<{ cmd::CDB_LEN }>() {
+        *field = [0; cmd::CDB_LEN];
+    }
+    if let Some(to) = dst.get_mut(..cdb.len()) {
+        to.copy_from_slice(cdb);
+    }
+}
+
 /// The I/O virtual address of run `run` of slot `slot` (page aligned).
 fn iova_base(slot: u16, run: usize) -> u64 {
     IOVA_BASE | (u64::from(slot) << 32) | ((run as u64) << 21)
@@ -859,9 +878,7 @@ impl<P: Platform> Engine<P> {
         s.core = command.tag;
         s.lun = command.lun;
         s.cdb_len = command.cdb.len();
-        if let Some(dst) = s.cdb.get_mut(..command.cdb.len()) {
-            dst.copy_from_slice(command.cdb);
-        }
+        store_cdb(&mut s.cdb, command.cdb);
         s.task_attr = task_attr(command.task_attribute);
         s.formats = neg.formats;
         s.plan = Plan::default();
@@ -896,7 +913,7 @@ impl<P: Platform> Engine<P> {
             let short = cdb.len() <= cmd::CDB_LEN && usize::from(imm) <= cmd::SHORT_MAX;
             let header = if short {
                 let data = cmd::ShortData::ImmediateExternal { offset: imm, len };
-                cmd::emit_short(tag, s.lun, s.task_attr, cdb, data, &mut short_iu)
+                cmd::emit_short_field(tag, s.lun, s.task_attr, s.cdb_field(), data, &mut short_iu)
             } else {
                 let (header, _, scratch) = s.command_parts(tag, 0);
                 iu::emit_immediate_header(&header, imm, len, scratch)
@@ -1164,7 +1181,14 @@ impl<P: Platform> Engine<P> {
             let mut short_iu = [0u8; cmd::SHORT_MAX];
             let short = short_data(cdb, descs, s.direction, s.formats);
             let len = match short {
-                Some(data) => cmd::emit_short(tag, s.lun, s.task_attr, cdb, data, &mut short_iu),
+                Some(data) => cmd::emit_short_field(
+                    tag,
+                    s.lun,
+                    s.task_attr,
+                    s.cdb_field(),
+                    data,
+                    &mut short_iu,
+                ),
                 None => {
                     let formats = s.formats;
                     let (header, descs, scratch) = s.command_parts(tag, n);
@@ -2503,6 +2527,20 @@ fn posted_before(a: u32, b: u32) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_stored_cdb_is_its_bytes_and_a_short_one_is_zero_padded_to_the_field() {
+        for n in 0..=32usize {
+            let cdb: Vec<u8> = (0..n).map(|i| 0xA0 | (i as u8 & 0x1F)).collect();
+            // A previous, longer command's bytes are still there.
+            let mut dst = [0xEEu8; 32];
+            store_cdb(&mut dst, &cdb);
+            assert_eq!(&dst[..n], &cdb[..], "length {n}");
+            if n <= cmd::CDB_LEN {
+                assert!(dst[n..cmd::CDB_LEN].iter().all(|&b| b == 0), "length {n}");
+            }
+        }
+    }
 
     #[test]
     fn send_queue_positions_compare_in_serial_order() {
