@@ -645,6 +645,9 @@ impl<R: Srb> ImmediateData for SrbData<'_, R> {
 }
 
 /// The direction a command's data moves, or why it cannot be carried.
+/// Inlined (always: a plain hint left it a call): once per request, a
+/// few loads of the SRB.
+#[inline(always)]
 fn resolve_direction(srb: &impl Srb) -> Result<DataDirection, SrbStatus> {
     let length = srb.data_transfer_length();
     let direction = match srb.direction() {

@@ -361,6 +361,10 @@ impl FreeStack {
     }
 
     /// Takes the top index, `None` when empty.
+    ///
+    /// Inlined, as [`Self::push`]: once per request each, a load and a
+    /// compare-and-swap.
+    #[inline]
     fn pop(&self) -> Option<usize> {
         let mut head = self.head.load(Ordering::Acquire);
         loop {
@@ -379,6 +383,7 @@ impl FreeStack {
     }
 
     /// Puts `index` (not in the stack: its owner frees it) on top.
+    #[inline]
     fn push(&self, index: usize) {
         let (Some(cell), Ok(entry)) = (self.below.get(index), u32::try_from(index + 1)) else {
             return;

@@ -356,6 +356,12 @@ impl<P: Platform> CmdSlot<P> {
         self.plan.runs
     }
 
+    /// The CDB as the short `SRP_CMD`'s 16-byte field holds it (only for
+    /// a CDB of up to 16 bytes: [`store_cdb`] zero-pads those).
+    fn cdb_field(&self) -> &[u8; cmd::CDB_LEN] {
+        self.cdb.first_chunk().unwrap_or(&[0; cmd::CDB_LEN])
+    }
+
     /// The command's fixed parts under wire tag `tag`, its first `runs`
     /// descriptors and the scratch buffer the general emitters write
     /// into: disjoint borrows of the slot, so one `CommandHeader` literal
@@ -397,6 +403,10 @@ impl<P: Platform> CmdSlot<P> {
     }
 
     /// Drops every MR but entry 0, which stays as the slot's spare.
+    ///
+    /// Inlined (always: a plain hint left it a call after the
+    /// LOCAL_INVs): for the usual one-run command it is one compare.
+    #[inline(always)]
     fn drop_mrs_but_spare(&mut self) {
         if self.plan.runs > 1 {
             let end = self.plan.runs.min(self.mrs.len());
@@ -407,6 +417,10 @@ impl<P: Platform> CmdSlot<P> {
     }
 
     /// Back to free, with a new generation (the spare MR stays).
+    ///
+    /// Inlined (always: a plain hint left it a call from the completion
+    /// that finishes the command, which passes here once per command).
+    #[inline(always)]
     fn clear(&mut self) {
         self.drop_mrs_but_spare();
         self.phase = SlotPhase::Free;
@@ -448,8 +462,10 @@ impl<P: Platform> CmdSlot<P> {
             fenced: self.fenced,
         };
         sense.clear();
-        // SENSE_MAX bytes at most on both sides: cannot fail.
-        let _ = sense.extend_from_slice(self.sense.get(..self.sense_len).unwrap_or(&[]));
+        if self.sense_len != 0 {
+            // SENSE_MAX bytes at most on both sides: cannot fail.
+            let _ = sense.extend_from_slice(self.sense.get(..self.sense_len).unwrap_or(&[]));
+        }
         self.clear();
         Some(done)
     }
@@ -665,6 +681,19 @@ fn short_data(
     }
 }
 
+/// Keeps `cdb` in a slot's CDB buffer, the 16-byte field the short
+/// `SRP_CMD` copies whole ([`CmdSlot::cdb_field`]) zeroed first: a CDB of
+/// up to 16 bytes is left zero-padded in it.
+#[inline(always)]
+fn store_cdb(dst: &mut [u8; 32], cdb: &[u8]) {
+    if let Some(field) = dst.first_chunk_mut::<{ cmd::CDB_LEN }>() {
+        *field = [0; cmd::CDB_LEN];
+    }
+    if let Some(to) = dst.get_mut(..cdb.len()) {
+        to.copy_from_slice(cdb);
+    }
+}
+
 /// The I/O virtual address of run `run` of slot `slot` (page aligned).
 fn iova_base(slot: u16, run: usize) -> u64 {
     IOVA_BASE | (u64::from(slot) << 32) | ((run as u64) << 21)
@@ -767,6 +796,10 @@ impl<P: Platform> Engine<P> {
             };
             (index, conn, neg)
         };
+        // The slot keeps the one reference taken above; from here the
+        // connection is named by its epoch (unique per channel, as in
+        // `return_reservation`).
+        let epoch = conn.epoch;
         let Some(slot_lock) = ch.slots.get(usize::from(index)) else {
             return Err(Refusal::Failed(FailureKind::Unsupported));
         };
@@ -774,7 +807,10 @@ impl<P: Platform> Engine<P> {
             let mut s = slot_lock.lock(irql);
             let r = self.setup_slot(t, &mut s, index, &conn, &neg, command, irql);
             match r {
-                Ok(()) => Ok((s.generation, s.budget)),
+                Ok(()) => {
+                    s.conn = Some(conn);
+                    Ok((s.generation, s.budget))
+                }
                 Err(e) => {
                     s.clear();
                     Err(e)
@@ -784,7 +820,7 @@ impl<P: Platform> Engine<P> {
         let undo = |refusal: Refusal| {
             let mut st = ch.state.lock(irql);
             let _ = st.free.push(index);
-            if st.is_current(&conn) {
+            if st.epoch_is(epoch) {
                 st.credits.give_back();
                 if matches!(refusal, Refusal::Busy) {
                     st.credits.note_starved();
@@ -798,7 +834,7 @@ impl<P: Platform> Engine<P> {
         };
         // The room is known only now; it is reserved without the channel
         // lock (`SqBudget` is tagged with the epoch it counts for).
-        if let Err(refused) = ch.sq.reserve(conn.epoch, budget) {
+        if let Err(refused) = ch.sq.reserve(epoch, budget) {
             let e = match refused {
                 SqRefused::Closed => Refusal::Down,
                 SqRefused::Full => {
@@ -823,7 +859,9 @@ impl<P: Platform> Engine<P> {
         })
     }
 
-    /// Fills a slot for `command` (under the slot's lock).
+    /// Fills a slot for `command` (under the slot's lock). The caller
+    /// then moves its reference to `conn` into the slot (one count per
+    /// command, not two).
     #[expect(clippy::too_many_arguments, reason = "the parts of a command")]
     fn setup_slot(
         &self,
@@ -836,14 +874,11 @@ impl<P: Platform> Engine<P> {
         irql: &impl LeDispatch,
     ) -> Result<(), Refusal> {
         s.phase = SlotPhase::Prepared;
-        s.conn = Some(Arc::clone(conn));
         s.epoch = conn.epoch;
         s.core = command.tag;
         s.lun = command.lun;
         s.cdb_len = command.cdb.len();
-        if let Some(dst) = s.cdb.get_mut(..command.cdb.len()) {
-            dst.copy_from_slice(command.cdb);
-        }
+        store_cdb(&mut s.cdb, command.cdb);
         s.task_attr = task_attr(command.task_attribute);
         s.formats = neg.formats;
         s.plan = Plan::default();
@@ -878,7 +913,7 @@ impl<P: Platform> Engine<P> {
             let short = cdb.len() <= cmd::CDB_LEN && usize::from(imm) <= cmd::SHORT_MAX;
             let header = if short {
                 let data = cmd::ShortData::ImmediateExternal { offset: imm, len };
-                cmd::emit_short(tag, s.lun, s.task_attr, cdb, data, &mut short_iu)
+                cmd::emit_short_field(tag, s.lun, s.task_attr, s.cdb_field(), data, &mut short_iu)
             } else {
                 let (header, _, scratch) = s.command_parts(tag, 0);
                 iu::emit_immediate_header(&header, imm, len, scratch)
@@ -1036,13 +1071,19 @@ impl<P: Platform> Engine<P> {
             }
             let r = if s.lost {
                 Err((t.failure_kind(), false))
+            } else if let Some(conn) = s.conn.take() {
+                // The slot's reference is lent to the post (no count taken
+                // for it) and put back before the lock is let go.
+                let r = self.post_locked(t, &mut s, &conn, prepared.slot, irql);
+                s.conn = Some(conn);
+                r
             } else {
-                self.post_locked(t, &mut s, prepared.slot, irql)
+                Err((FailureKind::ConnectionReset, false))
             };
             match r {
                 Ok(()) => Ok(()),
                 Err(e) => {
-                    let undo = (s.epoch, s.budget, s.conn.clone());
+                    let undo = (s.epoch, s.budget, s.conn.take());
                     s.clear();
                     Err((e, undo))
                 }
@@ -1064,19 +1105,17 @@ impl<P: Platform> Engine<P> {
         }
     }
 
-    /// Posts a prepared slot; `Err((kind, broken))` with nothing sent —
-    /// `broken` when the connection must end (a half-built batch).
+    /// Posts a prepared slot on `conn` (the slot's own connection, lent
+    /// by the caller); `Err((kind, broken))` with nothing sent — `broken`
+    /// when the connection must end (a half-built batch).
     fn post_locked(
         &self,
         t: &Target<P>,
         s: &mut CmdSlot<P>,
+        conn: &Arc<Conn<P>>,
         index: u16,
         irql: &impl LeDispatch,
     ) -> Result<(), (FailureKind, bool)> {
-        let conn = s
-            .conn
-            .clone()
-            .ok_or((FailureKind::ConnectionReset, false))?;
         let Ok(mut batch) = conn.qp.begin_send(irql) else {
             return Err((t.failure_kind(), false));
         };
@@ -1142,7 +1181,14 @@ impl<P: Platform> Engine<P> {
             let mut short_iu = [0u8; cmd::SHORT_MAX];
             let short = short_data(cdb, descs, s.direction, s.formats);
             let len = match short {
-                Some(data) => cmd::emit_short(tag, s.lun, s.task_attr, cdb, data, &mut short_iu),
+                Some(data) => cmd::emit_short_field(
+                    tag,
+                    s.lun,
+                    s.task_attr,
+                    s.cdb_field(),
+                    data,
+                    &mut short_iu,
+                ),
                 None => {
                     let formats = s.formats;
                     let (header, descs, scratch) = s.command_parts(tag, n);
@@ -1202,12 +1248,11 @@ impl<P: Platform> Engine<P> {
             }
             return Err((FailureKind::ConnectionReset, true));
         }
-        // Visible to completions from here: they wait for this lock.
+        // Visible to completions from here: they wait for this lock. The
+        // completion state is as `clear` (or `new`) left it: nothing but a
+        // posted slot's completions changes it.
+        debug_assert!(!s.send_done && s.response.is_none() && !s.inv_done && !s.invalidating);
         s.phase = SlotPhase::Posted;
-        s.send_done = false;
-        s.response = None;
-        s.inv_done = false;
-        s.invalidating = false;
         batch.commit();
         Ok(())
     }
@@ -1598,10 +1643,14 @@ impl<P: Platform> Engine<P> {
                 _ => Residual::None,
             };
             s.response = Some((CommandOutcome::Scsi(rsp.status), res));
+            // Nearly every response has no sense: no copy (a `memcpy` call
+            // of nothing) then.
             let rsp_sense = rsp.sense.unwrap_or(&[]);
             let n = rsp_sense.len().min(SENSE_MAX);
-            if let (Some(dst), Some(src)) = (s.sense.get_mut(..n), rsp_sense.get(..n)) {
-                dst.copy_from_slice(src);
+            if n != 0 {
+                if let (Some(dst), Some(src)) = (s.sense.get_mut(..n), rsp_sense.get(..n)) {
+                    dst.copy_from_slice(src);
+                }
             }
             s.sense_len = n;
             let ok = self.start_invalidation(&mut s, conn, tag.slot, irql);
@@ -2478,6 +2527,20 @@ fn posted_before(a: u32, b: u32) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_stored_cdb_is_its_bytes_and_a_short_one_is_zero_padded_to_the_field() {
+        for n in 0..=32usize {
+            let cdb: Vec<u8> = (0..n).map(|i| 0xA0 | (i as u8 & 0x1F)).collect();
+            // A previous, longer command's bytes are still there.
+            let mut dst = [0xEEu8; 32];
+            store_cdb(&mut dst, &cdb);
+            assert_eq!(&dst[..n], &cdb[..], "length {n}");
+            if n <= cmd::CDB_LEN {
+                assert!(dst[n..cmd::CDB_LEN].iter().all(|&b| b == 0), "length {n}");
+            }
+        }
+    }
 
     #[test]
     fn send_queue_positions_compare_in_serial_order() {

@@ -423,9 +423,32 @@ pub fn emit_short(
     data: ShortData,
     out: &mut [u8; SHORT_MAX],
 ) -> Result<usize> {
-    if cdb.len() > CDB_LEN {
+    let mut field = [0u8; CDB_LEN];
+    let Some(dst) = field.get_mut(..cdb.len()) else {
         return Err(Error::CdbTooLong);
-    }
+    };
+    dst.copy_from_slice(cdb);
+    emit_short_field(tag, lun, task_attr, &field, data, out)
+}
+
+/// [`emit_short`] with the CDB already as its 16-byte field holds it
+/// (zero-padded): the initiator keeps its commands' CDBs that way, so the
+/// CDB goes in as one fixed-size copy, not a `memcpy` call.
+///
+/// Inline hint: once per command on the initiator's fast path, where the
+/// call and moving its result cost a fifth of it.
+///
+/// # Errors
+/// As [`emit_short`] (never [`Error::CdbTooLong`]).
+#[inline]
+pub fn emit_short_field(
+    tag: u64,
+    lun: Lun,
+    task_attr: TaskAttr,
+    cdb: &[u8; CDB_LEN],
+    data: ShortData,
+    out: &mut [u8; SHORT_MAX],
+) -> Result<usize> {
     *out = [0; SHORT_MAX];
     let buf = out.as_mut_slice();
     Opcode::Cmd.to_u8().write(buf, field::OPCODE.start);
@@ -452,7 +475,10 @@ pub fn emit_short(
     tag.write(buf, field::TAG.start);
     lun.write(buf, field::LUN.start);
     task_attr.code().write(buf, field::TASK_ATTR.start);
-    bytes::write_bytes(buf, field::CDB.start, cdb);
+    if let Some(dst) = buf.get_mut(field::CDB) {
+        // Both 16 bytes (`field::CDB` is `CDB_LEN` long): a fixed copy.
+        dst.copy_from_slice(cdb);
+    }
     Ok(total)
 }
 

@@ -126,6 +126,9 @@ impl<'a> RspRepr<'a> {
     /// [`Error::Truncated`], [`Error::WrongOpcode`],
     /// [`Error::ConflictingResidualFlags`], [`Error::LengthWithoutFlag`],
     /// [`Error::ResponseDataOutOfBounds`], [`Error::SenseDataOutOfBounds`].
+    ///
+    /// Inlined: once per command on the initiator's receive path.
+    #[inline]
     pub fn parse<T: AsRef<[u8]> + ?Sized>(iu: &Rsp<&'a T>) -> Result<Self> {
         iu.check_len()?;
         expect_opcode(iu.opcode(), Opcode::Rsp)?;
