@@ -111,6 +111,12 @@ impl<M: SharedWords> SendRing<M> {
         &self.mem
     }
 
+    /// Gives the memory back (to wrap it differently: [`Self::new`] again
+    /// over the wrapper).
+    pub fn into_mem(self) -> M {
+        self.mem
+    }
+
     fn ring_words(&self) -> usize {
         self.wqebb_count as usize * (WQEBB_SIZE / 8)
     }
@@ -265,6 +271,12 @@ impl<M: SharedWords> RecvRing<M> {
     /// The memory.
     pub fn mem(&self) -> &M {
         &self.mem
+    }
+
+    /// Gives the memory back (to wrap it differently: [`Self::new`] again
+    /// over the wrapper).
+    pub fn into_mem(self) -> M {
+        self.mem
     }
 
     /// Writes a receive WQE (the segments plus terminator) at counter `counter`.
