@@ -55,6 +55,12 @@ impl<M: SharedWords> QpDoorbellRecord<M> {
         &self.mem
     }
 
+    /// Gives the memory back (to wrap it differently: [`Self::new`] again
+    /// over the wrapper).
+    pub fn into_mem(self) -> M {
+        self.mem
+    }
+
     /// Publishes the send producer counter (in WQEBBs). Call after
     /// [`crate::barrier::to_device`].
     ///

@@ -111,6 +111,12 @@ impl<M: SharedWords> SendRing<M> {
         &self.mem
     }
 
+    /// Gives the memory back (to wrap it differently: [`Self::new`] again
+    /// over the wrapper).
+    pub fn into_mem(self) -> M {
+        self.mem
+    }
+
     fn ring_words(&self) -> usize {
         self.wqebb_count as usize * (WQEBB_SIZE / 8)
     }
@@ -265,6 +271,12 @@ impl<M: SharedWords> RecvRing<M> {
     /// The memory.
     pub fn mem(&self) -> &M {
         &self.mem
+    }
+
+    /// Gives the memory back (to wrap it differently: [`Self::new`] again
+    /// over the wrapper).
+    pub fn into_mem(self) -> M {
+        self.mem
     }
 
     /// Writes a receive WQE (the segments plus terminator) at counter `counter`.
@@ -654,6 +666,11 @@ impl<'r> SendWqeWriter<'r> {
     /// ([`SendWqeWriter::short_of_room`]); [`RingError::Format`] if more
     /// than [`MAX_DS`] units were written; [`RingError::Dma`] if a store
     /// fell outside the ring's memory.
+    // Inline: it runs once per posted WQE (three per 4K read), and out of
+    // line the writer (some 80 bytes) is copied into its by-value argument
+    // and the caller's checks (`short_of_room`) are made again behind a
+    // call; inlined, the copy goes and the repeated checks fold.
+    #[inline]
     pub fn finish(mut self) -> Result<CtrlSegRepr, RingError> {
         if self.short_of_room {
             return Err(RingError::TooLarge);

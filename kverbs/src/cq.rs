@@ -37,7 +37,6 @@
 //! the CQ runs again (run-down).
 
 mod attached;
-mod words;
 
 use alloc::sync::{Arc, Weak};
 use core::fmt;
@@ -61,9 +60,9 @@ use crate::rundown::Rundown;
 use crate::slowpath::{Callback, Job, ResultSlot, take_result};
 use crate::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use crate::sync::{SetOnce, SpinLock};
+use crate::words::PinnedWords;
 use crate::wr::Completion;
 use attached::{AttachedTable, ReadClaim};
-use words::PinnedWords;
 
 /// Most QPs that may complete on one CQ (the lookup from a CQE's QP number
 /// to its QP scans this many entries at most; channels usually attach one

@@ -54,6 +54,7 @@ pub mod slots;
 pub mod slowpath;
 pub mod sync;
 pub mod wire;
+mod words;
 pub mod worker;
 pub mod wr;
 

@@ -61,9 +61,8 @@ use core::fmt;
 use hca_lowlevel::barrier;
 use hca_lowlevel::cqe::CqeRepr;
 use hca_lowlevel::device::{
-    AsyncEvent, GSI_QKEY, QpAttr, QpAttrMask, QpCaps, QpInit, QpState, QpType,
+    AsyncEvent, GSI_QKEY, HcaError, QpAttr, QpAttrMask, QpCaps, QpInit, QpState, QpType,
 };
-use hca_lowlevel::dma::DmaBuffer;
 use hca_lowlevel::doorbell::{DoorbellRegister, QpDoorbellRecord};
 use hca_lowlevel::ring::{RecvRing, SendRing, SendWqeWriter, WqeHeader};
 use hca_lowlevel::wqe::{
@@ -83,6 +82,7 @@ use crate::slots::{Producer, SlotRing};
 use crate::slowpath::{Callback, Job, ResultSlot, take_result};
 use crate::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use crate::sync::{SpinLock, SpinLockGuard};
+use crate::words::PinnedWords;
 use crate::worker::{CompleteAt, Outcome, Rejected, RequestQueue, WorkHandler};
 use crate::wr::{
     Completion, FastReg, GRH_LEN, Grh, Payload, ReadWr, SendFlags, SendWr, Sge, Signal, UdDest,
@@ -188,7 +188,9 @@ pub(crate) struct RecvSlot<P: Platform, C: Send + 'static> {
 }
 
 struct SendQueue {
-    ring: SendRing<DmaBuffer>,
+    /// Its words looked up once (see [`PinnedWords`]): every post writes
+    /// a WQE into it.
+    ring: SendRing<PinnedWords>,
     doorbell: Arc<dyn DoorbellRegister>,
     /// Committed producer counter (WQEBBs).
     pi: u32,
@@ -196,7 +198,7 @@ struct SendQueue {
 }
 
 struct RecvQueue {
-    ring: RecvRing<DmaBuffer>,
+    ring: RecvRing<PinnedWords>,
     pi: u32,
     accepting: bool,
 }
@@ -319,7 +321,8 @@ pub(crate) struct QpShared<P: Platform, C: Send + 'static> {
     pd: Pd<P>,
     send_cq: Cq<P, C>,
     recv_cq: Cq<P, C>,
-    dbr: QpDoorbellRecord<DmaBuffer>,
+    /// Written at every commit (words looked up once, as the rings').
+    dbr: QpDoorbellRecord<PinnedWords>,
     sq: SpinLock<SendQueue, P>,
     rq: SpinLock<RecvQueue, P>,
     sq_slots: SlotRing<SendSlot<C>>,
@@ -666,6 +669,19 @@ impl<P: Platform, C: Send + 'static> Qp<P, C> {
         let res = dev.hca.create_qp(&init)?;
         let qpn = res.qpn;
         let caps = res.caps;
+        // The same rings and record, their words looked up once. The
+        // device sized them already; a wrapper that fails the same checks
+        // is a device that broke its own contract.
+        let (sq_wqebbs, rq_entries, rq_stride) =
+            (res.sq.wqebb_count(), res.rq.entries(), res.rq.stride());
+        let sq = SendRing::new(PinnedWords::new(res.sq.into_mem()), sq_wqebbs);
+        let rq = RecvRing::new(PinnedWords::new(res.rq.into_mem()), rq_entries, rq_stride);
+        let dbr = QpDoorbellRecord::new(PinnedWords::new(res.doorbell_record.into_mem()));
+        let (Ok(sq), Ok(rq), Ok(dbr)) = (sq, rq, dbr) else {
+            let _ = dev.hca.destroy_qp(qpn);
+            return Err(VerbsError::Hca(HcaError::InvalidSize));
+        };
+        let sq_doorbell = res.sq_doorbell;
         let rundown = {
             let handler = Arc::clone(&handler);
             match Rundown::new(
@@ -699,15 +715,15 @@ impl<P: Platform, C: Send + 'static> Qp<P, C> {
                 pd: pd.clone(),
                 send_cq: config.send_cq.clone(),
                 recv_cq: config.recv_cq.clone(),
-                dbr: res.doorbell_record,
+                dbr,
                 sq: SpinLock::new(SendQueue {
-                    ring: res.sq,
-                    doorbell: res.sq_doorbell,
+                    ring: sq,
+                    doorbell: sq_doorbell,
                     pi: 0,
                     accepting: true,
                 }),
                 rq: SpinLock::new(RecvQueue {
-                    ring: res.rq,
+                    ring: rq,
                     pi: 0,
                     accepting: true,
                 }),

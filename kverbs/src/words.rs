@@ -1,14 +1,16 @@
-//! A DMA buffer whose words are looked up once, when the CQ is created.
+//! A DMA buffer whose words are looked up once, when its CQ or QP is
+//! created.
 //!
 //! [`DmaBuffer`]'s [`SharedWords::words`] is a dynamic call into the
 //! allocator's backing object. The CQ ring and its doorbell record are
 //! touched in every drain round — the poll reads the ring and writes the
-//! record, the arm writes the record and reads the ring again — so the
-//! lookup cost four dynamic calls per round (~14 instructions each), for an
-//! answer that never changes: [`hca_lowlevel::dma::DmaBacking`] requires
-//! `words()` to return the same memory for the whole life of the object.
-//! [`PinnedWords`] asks once and keeps the answer next to the buffer that
-//! owns the memory.
+//! record, the arm writes the record and reads the ring again — and a QP's
+//! rings and doorbell record in every post (a WQE written, the record
+//! updated at commit): a lookup costs a dynamic call (~11–14
+//! instructions) each time, for an answer that never changes:
+//! [`hca_lowlevel::dma::DmaBacking`] requires `words()` to return the same
+//! memory for the whole life of the object. [`PinnedWords`] asks once and
+//! keeps the answer next to the buffer that owns the memory.
 
 // UNSAFETY: the cached slice pointer is turned back into a reference bounded
 // by a borrow of the buffer that keeps the memory alive.
@@ -48,7 +50,8 @@ impl PinnedWords {
     ///
     /// # IRQL
     ///
-    /// Any (never blocks); called at `PASSIVE_LEVEL` when a CQ is created.
+    /// Any (never blocks); called at `PASSIVE_LEVEL` when a CQ or QP is
+    /// created.
     pub(crate) fn new(buffer: DmaBuffer) -> Self {
         let words = NonNull::from(buffer.words());
         PinnedWords { words, buffer }
