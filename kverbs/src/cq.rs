@@ -37,6 +37,7 @@
 //! the CQ runs again (run-down).
 
 mod attached;
+mod shared_dyn;
 
 use alloc::sync::{Arc, Weak};
 use core::fmt;
@@ -63,6 +64,7 @@ use crate::sync::{SetOnce, SpinLock};
 use crate::words::PinnedWords;
 use crate::wr::Completion;
 use attached::{AttachedTable, ReadClaim};
+use shared_dyn::SharedDyn;
 
 /// Most QPs that may complete on one CQ (the lookup from a CQE's QP number
 /// to its QP scans this many entries at most; channels usually attach one
@@ -186,7 +188,9 @@ pub(crate) struct CqCore<P: Platform, C: Send + 'static> {
     /// is read or written in every poll and every arm).
     ring: CqRing<PinnedWords>,
     dbr: CqDoorbellRecord<PinnedWords>,
-    arm_doorbell: Arc<dyn DoorbellRegister>,
+    /// The arm doorbell, its object's address worked out once (it is
+    /// rung every round; see `SharedDyn`).
+    arm_doorbell: SharedDyn<dyn DoorbellRegister>,
     /// CQEs consumed since the CQ was created; written only by the holder
     /// of the claim on `qps`. Its low 32 bits are the consumer counter
     /// ([`consumer_counter`]), and the count itself is
@@ -338,7 +342,9 @@ fn consumer_counter(consumed: u64) -> u32 {
 
 /// The delivery side: the drain loop's [`CompletionHandler`].
 pub(crate) struct CqDeliver<P: Platform, C: Send + 'static> {
-    handler: Arc<dyn CqHandler<C>>,
+    /// The consumer, its object's address worked out once (it is called
+    /// every round; see `SharedDyn`).
+    handler: SharedDyn<dyn CqHandler<C>>,
     rundown: Arc<Rundown<P>>,
 }
 
@@ -518,7 +524,7 @@ impl<P: Platform, C: Send + 'static> Cq<P, C> {
                 cqn,
                 ring,
                 dbr,
-                arm_doorbell: res.arm_doorbell,
+                arm_doorbell: SharedDyn::new(res.arm_doorbell),
                 consumed: AtomicU64::new(0),
                 events: AtomicU32::new(0),
                 arm_word: AtomicU32::new(0),
@@ -527,7 +533,10 @@ impl<P: Platform, C: Send + 'static> Cq<P, C> {
                 stray: AtomicU64::new(0),
                 malformed: AtomicU64::new(0),
             };
-            let deliver = CqDeliver { handler, rundown };
+            let deliver = CqDeliver {
+                handler: SharedDyn::new(handler),
+                rundown,
+            };
             DpcDrainer::new(
                 &dev.platform,
                 core,
