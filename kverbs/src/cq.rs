@@ -37,6 +37,7 @@
 //! the CQ runs again (run-down).
 
 mod attached;
+mod shared_dyn;
 
 use alloc::sync::{Arc, Weak};
 use core::fmt;
@@ -63,6 +64,7 @@ use crate::sync::{SetOnce, SpinLock};
 use crate::words::PinnedWords;
 use crate::wr::Completion;
 use attached::{AttachedTable, ReadClaim};
+use shared_dyn::SharedDyn;
 
 /// Most QPs that may complete on one CQ (the lookup from a CQE's QP number
 /// to its QP scans this many entries at most; channels usually attach one
@@ -186,18 +188,22 @@ pub(crate) struct CqCore<P: Platform, C: Send + 'static> {
     /// is read or written in every poll and every arm).
     ring: CqRing<PinnedWords>,
     dbr: CqDoorbellRecord<PinnedWords>,
-    arm_doorbell: Arc<dyn DoorbellRegister>,
-    /// CQEs consumed since the CQ was created; written only by the holder
-    /// of the claim on `qps`. Its low 32 bits are the consumer counter
+    /// The arm doorbell, its object's address worked out once (it is
+    /// rung every round; see `SharedDyn`).
+    arm_doorbell: SharedDyn<dyn DoorbellRegister>,
+    /// CQEs consumed since the CQ was created; written only by a poll,
+    /// which holds the claim on `qps` and runs in the drain loop (see
+    /// [`CqCore::arm`]). Its low 32 bits are the consumer counter
     /// ([`consumer_counter`]), and the count itself is
     /// [`CqStats::polled`], so a poll updates one counter, not two.
     consumed: AtomicU64,
     /// Completion events received: the next arm's sequence number.
     events: AtomicU32,
     /// The arm word last written to the doorbell record; written only by
-    /// the claim holder, so a poll can rewrite the whole record with it.
+    /// an arm, which the drain loop never runs beside a poll, so a poll can
+    /// rewrite the whole record with it.
     arm_word: AtomicU32,
-    /// The attached QPs; its read claim is also the poll/arm claim.
+    /// The attached QPs; a poll reads them under its read claim.
     qps: QpTable<P, C>,
     /// CQEs the attached queues can have outstanding; held across an
     /// attach's check and insert, so attaches never overcommit the ring.
@@ -207,9 +213,9 @@ pub(crate) struct CqCore<P: Platform, C: Send + 'static> {
 }
 
 impl<P: Platform, C: Send + 'static> CqCore<P, C> {
-    /// Claims the poll/arm side (the drain loop serialises them; this
-    /// makes it true even if a caller misuses the API). The claim is also
-    /// what lets a poll read the attached QPs without a lock.
+    /// Claims the poll side: what lets a poll read the attached QPs without
+    /// a lock (and makes polls exclusive even if a caller misuses the
+    /// API; the drain loop serialises them already).
     fn claim(&self) -> Option<ReadClaim<'_, QpShared<P, C>, MAX_QPS_PER_CQ>> {
         self.qps.claim()
     }
@@ -293,11 +299,14 @@ impl<P: Platform, C: Send + 'static> CompletionSource for CqCore<P, C> {
     // Inline (`always`: see `DrainLoop::run`): the drain loop arms once per
     // round (twice per QD 1 I/O); out of line, the call and the registers
     // saved around the doorbell write cost more than the write itself.
+    //
+    // No claim: an arm reads no attached QP, and the drain loop — the only
+    // caller of `poll` and `arm` (`CqCore` is reachable only through its
+    // drainer) — runs them one at a time, one runner at a time, its
+    // state's acquire/release ordering one runner's poll before the next
+    // runner's arm. The claim's swap and release were a per-round cost.
     #[inline(always)]
     fn arm(&self, _irql: &Dispatch<'_>) -> ArmOutcome {
-        let Some(_claim) = self.claim() else {
-            return ArmOutcome::MissedEvents;
-        };
         let ci = consumer_counter(self.consumed.load(Ordering::Relaxed));
         let arm = CqArm {
             sn: (self.events.load(Ordering::Acquire) & 3) as u8,
@@ -338,7 +347,9 @@ fn consumer_counter(consumed: u64) -> u32 {
 
 /// The delivery side: the drain loop's [`CompletionHandler`].
 pub(crate) struct CqDeliver<P: Platform, C: Send + 'static> {
-    handler: Arc<dyn CqHandler<C>>,
+    /// The consumer, its object's address worked out once (it is called
+    /// every round; see `SharedDyn`).
+    handler: SharedDyn<dyn CqHandler<C>>,
     rundown: Arc<Rundown<P>>,
 }
 
@@ -518,7 +529,7 @@ impl<P: Platform, C: Send + 'static> Cq<P, C> {
                 cqn,
                 ring,
                 dbr,
-                arm_doorbell: res.arm_doorbell,
+                arm_doorbell: SharedDyn::new(res.arm_doorbell),
                 consumed: AtomicU64::new(0),
                 events: AtomicU32::new(0),
                 arm_word: AtomicU32::new(0),
@@ -527,7 +538,10 @@ impl<P: Platform, C: Send + 'static> Cq<P, C> {
                 stray: AtomicU64::new(0),
                 malformed: AtomicU64::new(0),
             };
-            let deliver = CqDeliver { handler, rundown };
+            let deliver = CqDeliver {
+                handler: SharedDyn::new(handler),
+                rundown,
+            };
             DpcDrainer::new(
                 &dev.platform,
                 core,
