@@ -5,4 +5,4 @@
 # loop's batch of MaybeUninit slots. The host verifier leaks one small
 # log per platform instance on purpose, hence -Zmiri-ignore-leaks.
 MIRIFLAGS="-Zmiri-ignore-leaks" \
-    timeout 900 cargo +nightly miri test -p kverbs --lib -- sync:: rundown:: irql:: slots:: cq::attached:: words:: drain::batch::
+    timeout 900 cargo +nightly miri test -p kverbs --lib -- sync:: rundown:: irql:: slots:: cq::attached:: cq::shared_dyn:: words:: drain::batch::
